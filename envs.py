@@ -1,0 +1,286 @@
+"""Environments: one factory from a gymnasium id to a correctly wrapped env.
+
+Three kinds of ids are supported:
+
+* Atari (`PongNoFrameskip-v4`, `ALE/Pong-v5`, ...), through ale-py. The
+  pipeline of Mnih et al. 2015 / Machado et al. 2018, as IMPALA used it:
+
+    ALE env with frameskip=1 (v5: sticky actions, repeat_action_probability=0.25)
+    -> AtariPreprocessing  1-30 no-ops on reset, each action repeated 4 frames,
+                           max-pool of the last 2 frames, 84x84 grayscale
+    -> GameStats           info["episode"] = {"r", "l"} when the game ends
+    -> EpisodicLife        training only: a lost life ends the episode and
+                           the game goes on at the next reset()
+    -> FireReset           presses FIRE after reset in games that wait for it
+    -> FrameStack          the last 4 frames, uint8 HWC [84, 84, 4]
+
+  Rewards are NOT clipped here: the loss clips them.
+* Classic control (`CartPole-v1`, `Acrobot-v1`, ...) and
+* MuJoCo (`HalfCheetah-v5`, ...): plain vector envs with float32 observations.
+
+For every kind, `info["episode"] = {"r": float, "l": int}` appears on the step
+where a real episode ends (for Atari the whole game, all lives, even with
+episodic life on); "l" counts agent steps. One rare corner: a game that ends
+inside FireReset's own FIRE steps (only ALE's 108,000-frame limit can do that)
+reports its stats in the info returned by reset().
+"""
+import difflib
+import fnmatch
+import functools
+from typing import NamedTuple
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+
+gym.register_envs(ale_py)
+
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+ATARI_PATTERNS = ("*NoFrameskip-v4", "ALE/*-v5")
+VECTOR_ENTRY_POINTS = ("gymnasium.envs.classic_control.", "gymnasium.envs.mujoco.")
+NOOP_MAX = 30
+FRAME_SKIP = 4
+SCREEN_SIZE = 84
+FRAME_STACK = 4
+V5_REPEAT_ACTION_PROBABILITY = 0.25
+
+
+class UnknownEnvError(ValueError):
+    """An env id that gymnasium does not know, or of a kind we do not support."""
+
+
+class EnvSpec(NamedTuple):
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    num_actions: int | None  # Discrete action spaces
+    action_dim: int | None  # continuous (1-D Box) action spaces
+    discrete: bool
+    is_atari: bool
+
+
+# ---------------------------------------------------------------------------
+# Which ids are supported (decided from the registry alone: no env is made).
+
+
+def _kind_of(env_id):
+    """'atari', 'vector', or None for an unsupported/unknown id."""
+    spec = gym.registry.get(env_id)
+    entry = spec.entry_point if spec is not None else None
+    if not isinstance(entry, str):  # unknown, or a stub that raises (mujoco-py v2/v3)
+        return None
+    if entry == ATARI_ENTRY_POINT:
+        ok = any(fnmatch.fnmatchcase(env_id, p) for p in ATARI_PATTERNS)
+        return "atari" if ok else None
+    return "vector" if entry.startswith(VECTOR_ENTRY_POINTS) else None
+
+
+def _kind(env_id):
+    """'atari' or 'vector'; raises UnknownEnvError naming the id otherwise."""
+    if not isinstance(env_id, str):
+        raise UnknownEnvError(f"env id must be a string, got {env_id!r}")
+    kind = _kind_of(env_id)
+    if kind is not None:
+        return kind
+    entry = getattr(gym.registry.get(env_id), "entry_point", None)
+    if entry == ATARI_ENTRY_POINT:
+        reason = "is an Atari id of another family (v0, or v4 with its own frame skip)"
+    elif env_id in gym.registry:
+        reason = "is a gymnasium id of a kind this trainer does not support"
+    else:
+        reason = "is not a registered gymnasium id"
+    supported = [i for i in gym.registry if _kind_of(i) is not None]
+    close = difflib.get_close_matches(env_id, supported, n=3, cutoff=0.6)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    raise UnknownEnvError(
+        f"unknown environment id {env_id!r}: it {reason}. Supported are Atari "
+        f"ids '<Game>NoFrameskip-v4' or 'ALE/<Game>-v5' (e.g. PongNoFrameskip-v4, "
+        f"ALE/Breakout-v5), classic control (e.g. CartPole-v1, Acrobot-v1) and "
+        f"MuJoCo (e.g. HalfCheetah-v5, Hopper-v5).{hint}")
+
+
+def is_atari(env_id: str) -> bool:
+    """True for a supported Atari id; raises UnknownEnvError for an unsupported id."""
+    return _kind(env_id) == "atari"
+
+
+# ---------------------------------------------------------------------------
+# Wrappers.
+
+
+class GameStats(gym.Wrapper):
+    """Adds info["episode"] = {"r": return, "l": length} on the step an episode ends.
+
+    In the Atari stack it sits below EpisodicLife, so it sees the end of the
+    game, not each lost life.
+    """
+
+    def __init__(self, env):
+        super().__init__(env)
+        self._return = 0.0
+        self._length = 0
+
+    def reset(self, **kwargs):
+        self._return = 0.0
+        self._length = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._return += float(reward)
+        self._length += 1
+        if terminated or truncated:
+            info = dict(info, episode={"r": self._return, "l": self._length})
+        return obs, reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode (terminated=True), but not the game.
+
+    reset() after a lost life leaves the emulator alone: it hands back the last
+    observation and play goes on with the lives left. Only when the game is
+    really over (or a seed is given) does reset() reset the game.
+    """
+
+    def __init__(self, env):
+        super().__init__(env)
+        self._lives = 0
+        self._game_over = True
+        self._last_obs = None
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self._lives:
+            terminated = True
+        self._lives = lives
+        self._last_obs = obs
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self._game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+            self._game_over = False
+        else:
+            obs, info = self._last_obs, {}
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, dict(info, lives=self._lives)
+
+
+class FireReset(gym.Wrapper):
+    """After reset, presses FIRE then UP, for games that stand still until FIRE."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        finished_game = {}
+        for action in (1, 2):  # FIRE, UP (as OpenAI baselines does)
+            obs, _, terminated, truncated, step_info = self.env.step(action)
+            if "episode" in step_info:
+                finished_game["episode"] = step_info["episode"]
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        return obs, dict(info, **finished_game)
+
+
+def needs_fire(env):
+    meanings = env.unwrapped.get_action_meanings()
+    return len(meanings) >= 3 and meanings[1] == "FIRE"
+
+
+class FrameStack(gym.Wrapper):
+    """Stacks the last `k` [H, W] uint8 frames into one [H, W, k] observation."""
+
+    def __init__(self, env, k):
+        super().__init__(env)
+        height, width = env.observation_space.shape
+        self._frames = np.zeros((height, width, k), dtype=np.uint8)
+        self.observation_space = gym.spaces.Box(0, 255, self._frames.shape, np.uint8)
+
+    def reset(self, **kwargs):
+        frame, info = self.env.reset(**kwargs)
+        self._frames[...] = frame[:, :, None]  # the first frame fills the stack
+        return self._frames.copy(), info
+
+    def step(self, action):
+        frame, reward, terminated, truncated, info = self.env.step(action)
+        self._frames[:, :, :-1] = self._frames[:, :, 1:]
+        self._frames[:, :, -1] = frame
+        return self._frames.copy(), reward, terminated, truncated, info
+
+
+# ---------------------------------------------------------------------------
+# The factory.
+
+
+def _make_atari(env_id, training):
+    kwargs = {"frameskip": 1}  # AtariPreprocessing does the frame skip
+    if env_id.startswith("ALE/"):
+        kwargs["repeat_action_probability"] = V5_REPEAT_ACTION_PROBABILITY
+    env = gym.make(env_id, **kwargs)
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE,
+        terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    env = GameStats(env)
+    if training:
+        env = EpisodicLife(env)
+    if needs_fire(env):
+        env = FireReset(env)
+    return FrameStack(env, FRAME_STACK)
+
+
+class Float32Observation(gym.ObservationWrapper):
+    """Casts vector observations (MuJoCo's are float64) to float32."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(
+            space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32)
+
+    def observation(self, observation):
+        return np.asarray(observation, dtype=np.float32)
+
+
+def _make_vector(env_id):
+    return GameStats(Float32Observation(gym.make(env_id)))
+
+
+def make_env(env_id: str, seed: int | None = None, training: bool = True) -> gym.Env:
+    """Returns the wrapped env for `env_id`.
+
+    training: Atari only: a lost life ends the episode (the game goes on).
+      Use training=False for evaluation.
+    seed: when given, the env is reset once with it and its action space is
+      seeded, so later plain reset() calls follow a reproducible sequence.
+    """
+    if _kind(env_id) == "atari":
+        env = _make_atari(env_id, training)
+    else:
+        env = _make_vector(env_id)
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def env_spec(env_id: str) -> EnvSpec:
+    """Observation and action facts of `env_id` (one env is made once, then cached)."""
+    env = make_env(env_id, training=False)
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+        discrete = isinstance(act_space, gym.spaces.Discrete)
+        if not discrete and not (isinstance(act_space, gym.spaces.Box)
+                                 and len(act_space.shape) == 1):
+            raise UnknownEnvError(
+                f"environment {env_id!r} has action space {act_space}; only "
+                f"Discrete and 1-D Box action spaces are supported")
+        return EnvSpec(
+            obs_shape=tuple(obs_space.shape),
+            obs_dtype=np.dtype(obs_space.dtype),
+            num_actions=int(act_space.n) if discrete else None,
+            action_dim=None if discrete else int(act_space.shape[0]),
+            discrete=discrete,
+            is_atari=is_atari(env_id))
+    finally:
+        env.close()

@@ -1,0 +1,125 @@
+"""What every agent shares: the output type, the policy/baseline heads, and
+the two agent shapes -- feed-forward and LSTM -- built around a torso.
+
+An agent maps observations to an `AgentOutput`:
+
+    agent(obs[B, ...], first[B], core_state)        -> (AgentOutput[B], core_state)
+    agent.unroll(obs[T, B, ...], first[T, B], state) -> (AgentOutput[T, B], state)
+
+`first[t]` is True where obs[t] is the first observation of a new episode: the
+LSTM agents reset their state to the initial state before they read obs[t].
+uint8 observations (Atari frames) are scaled to [0, 1] floats here.
+"""
+from typing import NamedTuple
+
+import sonnet as snt
+import tensorflow as tf
+
+
+class AgentOutput(NamedTuple):
+    action: tf.Tensor  # int32, sampled from policy_logits
+    policy_logits: tf.Tensor  # float32 [..., num_actions]
+    baseline: tf.Tensor  # float32 [...]
+
+
+def preprocess_observation(obs):
+    """uint8 frames -> float32 in [0, 1]; anything else -> float32."""
+    obs = tf.convert_to_tensor(obs)
+    if obs.dtype == tf.uint8:
+        return tf.cast(obs, tf.float32) / 255.0
+    return tf.cast(obs, tf.float32)
+
+
+def batch_time(fn, x):
+    """Applies `fn` (which takes [N, ...]) to x [T, B, ...]: outputs are [T, B, ...]."""
+    x = tf.convert_to_tensor(x)
+    t, b = tf.shape(x)[0], tf.shape(x)[1]
+    outputs = fn(tf.reshape(x, [t * b] + x.shape[2:].as_list()))
+    return tf.nest.map_structure(
+        lambda y: tf.reshape(y, [t, b] + y.shape[1:].as_list()), outputs)
+
+
+class PolicyValueHeads(snt.Module):
+    """Linear policy logits and baseline on top of features; samples an action."""
+
+    def __init__(self, num_actions, name="heads"):
+        super().__init__(name=name)
+        self._policy = snt.Linear(num_actions, name="policy_logits")
+        self._baseline = snt.Linear(1, name="baseline")
+
+    def __call__(self, features):  # features [N, F]
+        logits = self._policy(features)
+        baseline = tf.squeeze(self._baseline(features), axis=-1)
+        action = tf.random.categorical(logits, num_samples=1, dtype=tf.int32)[:, 0]
+        return AgentOutput(action, logits, baseline)
+
+
+class FeedForwardAgent(snt.Module):
+    """torso -> heads. Its core state is the empty tuple ()."""
+
+    def __init__(self, make_torso, num_actions, name):
+        super().__init__(name=name)
+        self._torso = make_torso()
+        self._heads = PolicyValueHeads(num_actions)
+
+    def initial_state(self, batch_size):
+        del batch_size
+        return ()
+
+    def _step(self, obs):
+        return self._heads(self._torso(preprocess_observation(obs)))
+
+    def __call__(self, obs, first, core_state):
+        del first
+        return self._step(obs), core_state
+
+    def unroll(self, obs, first, core_state):
+        del first
+        return batch_time(self._step, obs), core_state
+
+
+class ResetLSTM(snt.RNNCore):
+    """snt.LSTM whose state goes back to the initial state where `first` is True.
+
+    Input is a pair (features [B, F], first [B] bool), so `snt.dynamic_unroll`
+    can carry `first` along the time axis.
+    """
+
+    def __init__(self, hidden_size, name="reset_lstm"):
+        super().__init__(name=name)
+        self._lstm = snt.LSTM(hidden_size, name="lstm")
+
+    def initial_state(self, batch_size):
+        return self._lstm.initial_state(batch_size)
+
+    def __call__(self, inputs, prev_state):
+        features, first = inputs
+        initial = self._lstm.initial_state(tf.shape(first)[0])
+        state = tf.nest.map_structure(
+            lambda init, prev: tf.where(first[:, None], init, prev), initial, prev_state)
+        return self._lstm(features, state)
+
+
+class LSTMAgent(snt.Module):
+    """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell)."""
+
+    def __init__(self, make_torso, num_actions, name, hidden_size=256):
+        super().__init__(name=name)
+        self._torso = make_torso()
+        self._core = ResetLSTM(hidden_size)
+        self._heads = PolicyValueHeads(num_actions)
+
+    def initial_state(self, batch_size):
+        return self._core.initial_state(batch_size)
+
+    def __call__(self, obs, first, core_state):
+        features = self._torso(preprocess_observation(obs))
+        core_output, core_state = self._core((features, tf.cast(first, tf.bool)), core_state)
+        return self._heads(core_output), core_state
+
+    def unroll(self, obs, first, core_state):
+        # The torso and the heads see all T*B frames at once; only the LSTM loops over time.
+        features = batch_time(self._torso, preprocess_observation(obs))
+        core_outputs, core_state = snt.dynamic_unroll(
+            self._core, (features, tf.cast(first, tf.bool)), core_state)
+        return batch_time(self._heads, core_outputs), core_state

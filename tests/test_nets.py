@@ -1,0 +1,152 @@
+"""nets/: shapes of each agent, LSTM reset on `first`, gradients, make_agent errors."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nets
+
+NUM_ACTIONS = 5
+OBS = {  # agent name -> (observation shape, dtype)
+    "SimpleConvNetAgent": ((84, 84, 4), np.uint8),
+    "ResNetAgent": ((84, 84, 4), np.uint8),
+    "ResNetLSTMAgent": ((84, 84, 4), np.uint8),
+    "MLPAgent": ((4,), np.float32),
+    "MLPLSTMAgent": ((4,), np.float32),
+}
+RECURRENT = ("ResNetLSTMAgent", "MLPLSTMAgent")
+
+
+def observations(name, leading, seed=0):
+    shape, dtype = OBS[name]
+    rng = np.random.default_rng(seed)
+    if dtype == np.uint8:
+        return rng.integers(0, 256, size=leading + shape, dtype=np.uint8)
+    return rng.standard_normal(leading + shape).astype(np.float32)
+
+
+def random_state(agent, batch_size, seed=1):
+    """A non-zero core state, so a missing reset would show."""
+    rng = np.random.default_rng(seed)
+    return tf.nest.map_structure(
+        lambda s: tf.constant(rng.standard_normal(s.shape), tf.float32),
+        agent.initial_state(batch_size))
+
+
+def test_agent_names_match_the_registry():
+    assert nets.AGENT_NAMES == tuple(OBS)
+
+
+@pytest.mark.parametrize("name", nets.AGENT_NAMES)
+def test_step_and_unroll_shapes(name):
+    agent = nets.make_agent(name, NUM_ACTIONS)
+    T, B = 3, 2
+    state = agent.initial_state(B)
+    if name in RECURRENT:
+        assert [s.shape for s in tf.nest.flatten(state)] == [(B, 256), (B, 256)]
+    else:
+        assert state == ()
+
+    out, new_state = agent(observations(name, (B,)), np.zeros(B, bool), state)
+    assert isinstance(out, nets.AgentOutput)
+    assert out.action.shape == (B,) and out.action.dtype == tf.int32
+    assert out.policy_logits.shape == (B, NUM_ACTIONS) and out.policy_logits.dtype == tf.float32
+    assert out.baseline.shape == (B,) and out.baseline.dtype == tf.float32
+    assert tf.nest.map_structure(lambda s: s.shape, new_state) == \
+        tf.nest.map_structure(lambda s: s.shape, state)
+
+    outs, final_state = agent.unroll(observations(name, (T, B)), np.zeros((T, B), bool), state)
+    assert outs.action.shape == (T, B) and outs.action.dtype == tf.int32
+    assert outs.policy_logits.shape == (T, B, NUM_ACTIONS)
+    assert outs.baseline.shape == (T, B)
+    assert np.all((outs.action.numpy() >= 0) & (outs.action.numpy() < NUM_ACTIONS))
+    assert tf.nest.map_structure(lambda s: s.shape, final_state) == \
+        tf.nest.map_structure(lambda s: s.shape, state)
+
+
+@pytest.mark.parametrize("name", nets.AGENT_NAMES)
+def test_unroll_matches_steps_and_tf_function(name):
+    agent = nets.make_agent(name, NUM_ACTIONS)
+    T, B = 4, 2
+    obs = observations(name, (T, B))
+    first = np.zeros((T, B), bool)
+    first[2, 1] = True
+    state0 = random_state(agent, B) if name in RECURRENT else ()
+    outs, final = agent.unroll(obs, first, state0)
+
+    state = state0
+    for t in range(T):
+        out, state = agent(obs[t], first[t], state)
+        np.testing.assert_allclose(out.policy_logits, outs.policy_logits[t], atol=1e-5)
+        np.testing.assert_allclose(out.baseline, outs.baseline[t], atol=1e-5)
+    tf.nest.map_structure(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), state, final)
+
+    graph_outs, _ = tf.function(agent.unroll)(obs, first, state0)
+    np.testing.assert_allclose(graph_outs.policy_logits, outs.policy_logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_lstm_resets_where_first_is_true(name):
+    agent = nets.make_agent(name, NUM_ACTIONS)
+    T, B, reset_t = 6, 2, 3
+    obs = observations(name, (T, B))
+    first = np.zeros((T, B), bool)
+    first[reset_t, 0] = True  # batch element 0 starts a new episode at reset_t
+    outs, _ = agent.unroll(obs, first, random_state(agent, B))
+    fresh, _ = agent.unroll(obs[reset_t:], first[reset_t:], agent.initial_state(B))
+
+    # Element 0 forgot everything before reset_t ...
+    np.testing.assert_allclose(outs.policy_logits[reset_t:, 0], fresh.policy_logits[:, 0], atol=1e-5)
+    np.testing.assert_allclose(outs.baseline[reset_t:, 0], fresh.baseline[:, 0], atol=1e-5)
+    # ... element 1 did not (its state carried over).
+    assert not np.allclose(outs.policy_logits[reset_t:, 1], fresh.policy_logits[:, 1], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", nets.AGENT_NAMES)
+def test_gradients_reach_every_variable(name):
+    agent = nets.make_agent(name, NUM_ACTIONS)
+    T, B = 2, 2
+    obs = observations(name, (T, B))
+    first = np.array([[True, False], [False, True]])
+    state = agent.initial_state(B)
+    agent.unroll(obs, first, state)  # builds the variables
+    weights = tf.constant(np.random.default_rng(2).standard_normal((T, B, NUM_ACTIONS)), tf.float32)
+    with tf.GradientTape() as tape:
+        outs, _ = agent.unroll(obs, first, state)
+        loss = tf.reduce_sum(outs.policy_logits * weights) + tf.reduce_sum(outs.baseline ** 2)
+    variables = agent.trainable_variables
+    grads = tape.gradient(loss, variables)
+    assert variables
+    for var, grad in zip(variables, grads):
+        assert grad is not None, f"no gradient for {var.name}"
+        assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient for {var.name}"
+
+
+def test_uint8_frames_are_scaled_to_unit_floats():
+    agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
+    frames = observations("SimpleConvNetAgent", (2,))
+    out_uint8, _ = agent(frames, np.zeros(2, bool), ())
+    out_float, _ = agent(frames.astype(np.float32) / 255.0, np.zeros(2, bool), ())
+    np.testing.assert_allclose(out_uint8.policy_logits, out_float.policy_logits, atol=1e-5)
+
+
+def test_actions_are_sampled_from_the_logits():
+    agent = nets.make_agent("MLPAgent", NUM_ACTIONS)
+    obs, first = observations("MLPAgent", (4000,)), np.zeros(4000, bool)
+    agent(obs, first, ())  # builds the variables
+    bias = [v for v in agent.trainable_variables if "policy_logits/b" in v.name][0]
+    bias.assign([3.0, 1.0, 0.0, 0.0, -9.0])  # a peaked, non-uniform policy
+    out, _ = agent(obs, first, ())
+    frequencies = np.bincount(out.action.numpy(), minlength=NUM_ACTIONS) / 4000
+    expected = tf.reduce_mean(tf.nn.softmax(out.policy_logits), axis=0).numpy()
+    np.testing.assert_allclose(frequencies, expected, atol=0.03)
+
+
+def test_make_agent_rejects_bad_names_and_action_counts():
+    with pytest.raises(ValueError) as err:
+        nets.make_agent("ResNetLstmAgent", NUM_ACTIONS)
+    message = str(err.value)
+    assert "--agent_name" in message and "'ResNetLstmAgent'" in message
+    assert all(name in message for name in nets.AGENT_NAMES)
+    for bad in (0, None, 2.5):
+        with pytest.raises(ValueError, match="num_actions"):
+            nets.make_agent("MLPAgent", bad)

@@ -1,0 +1,182 @@
+"""IMPALA actor: runs `envs_per_actor` environments, batches their observations
+through the policy, and every `unroll_length` steps enqueues one unroll per
+environment on its learner's queue (transport.py), then refreshes its weights.
+
+Time is accounted in three buckets and sent with each unroll, so the learner
+can say where time goes: env stepping, policy inference, transfer (enqueue,
+including time blocked on a full queue, and weight reads).
+"""
+import signal
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import envs
+import nets
+import transport
+
+
+def build_agent(level_name, agent_name, unroll_length):
+    """The agent with its variables built, plus the unroll layout both sides share."""
+    spec = envs.env_spec(level_name)
+    if not spec.discrete:
+        raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
+                         "need discrete actions (use ppo_main.py for continuous control)" % level_name)
+    agent = nets.make_agent(agent_name, spec.num_actions)
+    obs = tf.zeros((1,) + tuple(spec.obs_shape), tf.as_dtype(spec.obs_dtype))
+    state = agent.initial_state(1)
+    agent(obs, tf.ones([1], tf.bool), state)  # creates the variables
+    core_shapes = [tuple(s.shape[1:]) for s in tf.nest.flatten(state)]
+    variables = agent.trainable_variables
+    size = sum(int(np.prod(v.shape)) for v in variables)
+    unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, spec.num_actions,
+                                             unroll_length, core_shapes, size)
+    return agent, unroll_spec, spec
+
+
+def make_weight_setter(variables):
+    """tf.function that splits a flat float32 vector into the variables."""
+    shapes = [v.shape for v in variables]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    @tf.function
+    def set_weights(flat):
+        parts = tf.split(flat, sizes)
+        for v, p, s in zip(variables, parts, shapes):
+            v.assign(tf.reshape(p, s))
+    return set_weights
+
+
+def flatten_weights(variables):
+    return tf.concat([tf.reshape(v, [-1]) for v in variables], axis=0)
+
+
+class Stopper:
+    """SIGINT/SIGTERM set a flag; the loops check it between steps."""
+
+    def __init__(self):
+        self.stop = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.stop = True
+
+    def __call__(self):
+        return self.stop
+
+
+def run(flags, task, log=print):
+    learner_hosts = flags.learner_hosts
+    learner = learner_hosts[task % len(learner_hosts)]
+    T, E = flags.unroll_length, flags.envs_per_actor
+    stopper = Stopper()
+    tf.random.set_seed(flags.seed * 7919 + task)
+    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T)
+    variables = agent.trainable_variables
+    set_weights = make_weight_setter(variables)
+    step = tf.function(lambda o, f, s: agent(o, f, s))
+    env_list = [envs.make_env(flags.level_name, seed=flags.seed * 100003 + task * E + i, training=True)
+                for i in range(E)]
+    client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)
+    log("actor %d: %d x %s, agent %s, learner %s" % (task, E, flags.level_name, flags.agent_name, learner))
+    if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
+        _close(env_list)
+        return 0 if stopper() else 3
+
+    obs = np.stack([env.reset(seed=flags.seed * 100003 + task * E + i)[0]
+                    for i, env in enumerate(env_list)])
+    first = np.ones([E], bool)
+    state = agent.initial_state(E)
+    buf = {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}
+    buf["actor_id"][:] = task
+    timing = np.zeros(3, np.float64)  # env, inference, transfer
+    unrolls = 0
+    while not stopper():
+        t0 = time.perf_counter()
+        try:
+            new = client.fetch_weights_if_new()
+            if new is not None:
+                set_weights(tf.constant(new[1]))
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                tf.errors.FailedPreconditionError, tf.errors.NotFoundError):
+            log("actor %d: learner %s unreachable, reconnecting" % (task, learner))
+            client.reset()
+            if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
+                break
+            continue
+        timing[2] += time.perf_counter() - t0
+
+        buf["policy_version"][:] = client.version
+        buf["observation"][:, 0] = obs
+        buf["first"][:, 0] = first
+        for i, s in enumerate(tf.nest.flatten(state)):
+            buf["core_state_%d" % i][:] = s.numpy()
+        buf["episode_end"][:] = False
+        for t in range(T):
+            t1 = time.perf_counter()
+            out, state = step(tf.constant(obs), tf.constant(first), state)
+            actions = out.action.numpy()
+            buf["behaviour_logits"][:, t] = out.policy_logits.numpy()
+            t2 = time.perf_counter()
+            for i, env in enumerate(env_list):
+                o, r, terminated, truncated, info = env.step(int(actions[i]))
+                done = terminated or truncated
+                if done:
+                    o, _ = env.reset()
+                ep = info.get("episode")
+                if ep is not None:
+                    buf["episode_end"][i, t] = True
+                    buf["episode_return"][i, t] = float(np.asarray(ep["r"]))
+                    buf["episode_length"][i, t] = int(np.asarray(ep["l"]))
+                obs[i] = o
+                first[i] = done
+                buf["reward"][i, t] = r
+                buf["done"][i, t] = done
+            buf["action"][:, t] = actions
+            buf["observation"][:, t + 1] = obs
+            buf["first"][:, t + 1] = first
+            t3 = time.perf_counter()
+            timing[1] += t2 - t1
+            timing[0] += t3 - t2
+        buf["actor_timing"][:] = (timing / E).astype(np.float32)
+        timing[:] = 0
+        t4 = time.perf_counter()
+        outcome = _enqueue(client, buf, stopper)
+        timing[2] += time.perf_counter() - t4
+        if outcome == "sent":
+            unrolls += 1
+        elif outcome == "closed":
+            log("actor %d: learner closed its queue (run finished); exiting" % task)
+            break
+        elif outcome == "lost":
+            log("actor %d: lost learner %s, reconnecting" % (task, learner))
+            client.reset()
+            if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
+                break
+    _close(env_list)
+    client.reset()
+    log("actor %d: stopped after %d unrolls" % (task, unrolls))
+    return 0
+
+
+def _enqueue(client, buf, stopper):
+    """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'stopped'."""
+    while not stopper():
+        try:
+            client.enqueue(buf, timeout_ms=2000)
+            return "sent"
+        except tf.errors.DeadlineExceededError:
+            continue  # queue full: the learner is the bottleneck; keep waiting
+        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+            return "closed"
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.FailedPreconditionError,
+                tf.errors.NotFoundError, tf.errors.InternalError, tf.errors.UnknownError):
+            return "lost"
+    return "stopped"
+
+
+def _close(env_list):
+    for env in env_list:
+        env.close()

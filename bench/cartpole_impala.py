@@ -1,0 +1,131 @@
+"""Time to CartPole-v1 mean return >= 475 (last 20 episodes) with IMPALA on a
+local cluster (1 learner + 2 actor processes), for several seeds.
+
+  .venv/bin/python bench/cartpole_impala.py --seeds 1 2 3 --budget_s 300
+
+Writes bench/results/cartpole_impala.csv (one row per seed) and .md (table with
+the median), and the learning curves as cartpole_impala_curves.csv/.png. A seed
+that does not reach the threshold within --budget_s counts as a miss.
+"""
+import argparse
+import csv
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from local_cluster import LocalCluster  # noqa: E402
+
+FLAGS = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=20",
+         "--envs_per_actor=8", "--entropy_cost=0.01", "--learning_rate=0.001", "--log_every_s=2",
+         "--queue_capacity=32"]
+
+
+def read_metrics(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def run_seed(seed, budget_s, threshold, total_frames, base_port):
+    logdir = tempfile.mkdtemp(prefix="cartpole_bench_")
+    cluster = LocalCluster(2, base_port, FLAGS + ["--seed=%d" % seed,
+                                                  "--total_environment_frames=%d" % total_frames], logdir)
+    t_start = time.time()
+    cluster.start()
+    hit = None
+    rows = []
+    try:
+        while time.time() - t_start < budget_s + 30:
+            time.sleep(1)
+            rows = read_metrics(os.path.join(logdir, "metrics.csv"))
+            for r in rows:
+                if float(r["mean_return_20"]) >= threshold:
+                    hit = r
+                    break
+            if hit or cluster.learner.poll() is not None:
+                break
+    finally:
+        cluster.stop()
+        rows = read_metrics(os.path.join(logdir, "metrics.csv"))
+        shutil.rmtree(logdir, ignore_errors=True)
+    wall = time.time() - t_start
+    if hit is not None and float(hit["time_s"]) > budget_s:
+        hit = None
+    return {"seed": seed, "reached": hit is not None,
+            "time_to_threshold_s": float(hit["time_s"]) if hit else float("nan"),
+            "frames_to_threshold": int(hit["frames"]) if hit else -1,
+            "best_mean_return_20": max((float(r["mean_return_20"]) for r in rows), default=float("nan")),
+            "median_fps": sorted(float(r["fps"]) for r in rows)[len(rows) // 2] if rows else float("nan"),
+            "wall_s_including_startup": wall}, rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--budget_s", type=float, default=300.0)
+    p.add_argument("--threshold", type=float, default=475.0)
+    p.add_argument("--total_frames", type=int, default=4_000_000)
+    p.add_argument("--base_port", type=int, default=18700)
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    results, curves = [], []
+    for s in a.seeds:
+        r, rows = run_seed(s, a.budget_s, a.threshold, a.total_frames, a.base_port)
+        print("seed %d: %s" % (s, r), flush=True)
+        results.append(r)
+        curves += [dict(seed=s, time_s=x["time_s"], frames=x["frames"], mean_return_20=x["mean_return_20"])
+                   for x in rows]
+    with open(os.path.join(a.out, "cartpole_impala.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(results[0]))
+        w.writeheader()
+        w.writerows(results)
+    with open(os.path.join(a.out, "cartpole_impala_curves.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["seed", "time_s", "frames", "mean_return_20"])
+        w.writeheader()
+        w.writerows(curves)
+    times = sorted(r["time_to_threshold_s"] if r["reached"] else float("inf") for r in results)
+    median = times[len(times) // 2]
+    lines = ["# CartPole-v1, IMPALA (MLPAgent), 1 learner + 2 actors x 8 envs, 2 cores", "",
+             "Threshold: mean return of the last 20 episodes >= %g within %g s of training." % (
+                 a.threshold, a.budget_s), "",
+             "| seed | reached | seconds | frames | best mean-20 | median fps |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append("| %d | %s | %.0f | %d | %.1f | %.0f |" % (
+            r["seed"], "yes" if r["reached"] else "no", r["time_to_threshold_s"], r["frames_to_threshold"],
+            r["best_mean_return_20"], r["median_fps"]))
+    lines += ["", "Median time to threshold: %s" % ("%.0f s" % median if median != float("inf") else "not reached"),
+              "", "Command: `.venv/bin/python bench/cartpole_impala.py --seeds %s --budget_s %g`"
+              % (" ".join(map(str, a.seeds)), a.budget_s)]
+    with open(os.path.join(a.out, "cartpole_impala.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for s in a.seeds:
+            xs = [float(c["time_s"]) for c in curves if c["seed"] == s]
+            ys = [float(c["mean_return_20"]) for c in curves if c["seed"] == s]
+            ax.plot(xs, ys, label="seed %d" % s)
+        ax.axhline(a.threshold, color="k", ls="--", lw=0.8)
+        ax.set_xlabel("training seconds")
+        ax.set_ylabel("mean return (last 20 episodes)")
+        ax.set_title("CartPole-v1, IMPALA, 2 cores")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, "cartpole_impala_curves.png"), dpi=100)
+    except ImportError:
+        pass
+    print("\n".join(lines))
+    return 0 if all(r["reached"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

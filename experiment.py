@@ -1,0 +1,273 @@
+"""IMPALA with multi-learner Horovod: the entry point of every worker.
+
+  # a learner (K ranks with mpirun; rank r serves learner_hosts[r])
+  python experiment.py --job_name=learner --learner_hosts=127.0.0.1:8001 \
+      --actor_hosts=127.0.0.1:8002,127.0.0.1:8003 --level_name=CartPole-v1 --agent_name=MLPAgent
+  # actor i (sends to learner_hosts[i % K])
+  python experiment.py --job_name=actor --task=0 --learner_hosts=127.0.0.1:8001 ...
+  # play a trained policy
+  python experiment.py --mode=test --load_model_url=results/CartPole-v1_1700000000
+
+Most users start everything with run_experiment_mm_raw.py and a workers CSV.
+Flag names follow DeepMind's scalable_agent and the impala_horovod fork.
+"""
+import json
+import os
+import re
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+# ----------------------------------------------------------------- flags
+flags.DEFINE_string("logdir", None, "Run folder (checkpoints, TensorBoard, metrics). "
+                    "Default: results/<level_name>_<unix time>; with --mode=train_w_load, the loaded run.")
+flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load"], "Training, testing, or "
+                  "training resumed from --load_model_url.")
+flags.DEFINE_string("load_model_url", None, "A run folder or checkpoint prefix to resume or test.")
+flags.DEFINE_integer("test_num_episodes", 10, "Episodes played in --mode=test.")
+flags.DEFINE_enum("job_name", "learner", ["learner", "actor"], "Which worker this process is.")
+flags.DEFINE_integer("task", 0, "Actor index into --actor_hosts (actors only).")
+flags.DEFINE_list("learner_hosts", ["127.0.0.1:8001"], "host:port of each learner rank's server.")
+flags.DEFINE_list("actor_hosts", [], "host:port of every actor (used to count and assign actors).")
+flags.DEFINE_integer("seed", 1, "Random seed.")
+
+flags.DEFINE_string("level_name", "PongNoFrameskip-v4", "Gymnasium environment id.")
+flags.DEFINE_integer("width", 84, "Atari frame width (the nets take 84).")
+flags.DEFINE_integer("height", 84, "Atari frame height (the nets take 84).")
+flags.DEFINE_integer("num_action_repeats", 0, "Frames counted per agent step; 0: 4 for Atari "
+                     "(its frame skip), 1 otherwise.")
+flags.DEFINE_string("agent_name", "SimpleConvNetAgent", "SimpleConvNetAgent, ResNetAgent, "
+                    "ResNetLSTMAgent, MLPAgent or MLPLSTMAgent.")
+flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor process, batched "
+                     "through the policy.")
+
+flags.DEFINE_integer("total_environment_frames", int(1e9), "Frames to train for.")
+flags.DEFINE_integer("batch_size", 32, "Unrolls per learner update (per rank).")
+flags.DEFINE_integer("unroll_length", 100, "Agent steps per unroll.")
+flags.DEFINE_integer("queue_capacity", 64, "Unrolls the learner's queue holds (>= batch_size).")
+flags.DEFINE_float("entropy_cost", 0.00025, "Entropy cost.")
+flags.DEFINE_float("baseline_cost", 0.5, "Baseline cost.")
+flags.DEFINE_float("discounting", 0.99, "Discount factor.")
+flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "none"],
+                  "Reward clipping in the loss.")
+flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global norm; 0 = off.")
+flags.DEFINE_float("learning_rate", 0.00048, "RMSProp learning rate (linearly decayed to 0).")
+flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
+flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
+flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon.")
+
+flags.DEFINE_float("log_every_s", 10.0, "Seconds between progress lines and TensorBoard points.")
+flags.DEFINE_float("checkpoint_every_s", 600.0, "Seconds between checkpoints.")
+flags.DEFINE_float("actor_timeout_s", 60.0, "A learner that got nothing from its actors for this "
+                   "long says so.")
+flags.DEFINE_float("exit_when_no_actors_s", 0.0, "Learner exits (code 4) after this long without "
+                   "data; 0 = wait forever.")
+flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreachable learner for "
+                   "this long, with backoff, then exit.")
+
+FLAGS = flags.FLAGS
+
+# Flags that describe the run (saved to options.json, restored by train_w_load).
+RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
+             "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
+             "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
+             "learning_rate", "decay", "momentum", "epsilon", "seed"]
+
+_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
+
+
+def _hosts_ok(values):
+    return all(_HOSTPORT.match(v) and 0 < int(_HOSTPORT.match(v).group(1)) < 65536 for v in values)
+
+
+for _name in ("batch_size", "unroll_length", "test_num_episodes", "envs_per_actor",
+              "total_environment_frames", "queue_capacity"):
+    flags.register_validator(_name, lambda v: v is not None and v >= 1,
+                             message="must be a positive integer")
+for _name in ("learning_rate", "epsilon"):
+    flags.register_validator(_name, lambda v: v > 0, message="must be > 0")
+for _name in ("entropy_cost", "baseline_cost", "gradients_clipping", "momentum"):
+    flags.register_validator(_name, lambda v: v >= 0, message="must be >= 0")
+flags.register_validator("discounting", lambda v: 0 <= v <= 1, message="must be in [0, 1]")
+flags.register_validator("decay", lambda v: 0 <= v < 1, message="must be in [0, 1)")
+flags.register_validator("task", lambda v: v >= 0, message="must be >= 0")
+flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
+                         message="must be a comma-separated list of host:port (port 1-65535)")
+flags.register_validator("actor_hosts", _hosts_ok,
+                         message="must be a comma-separated list of host:port (port 1-65535)")
+flags.register_validator("width", lambda v: v == 84, message="must be 84 (the nets take 84x84 frames)")
+flags.register_validator("height", lambda v: v == 84, message="must be 84 (the nets take 84x84 frames)")
+flags.register_multi_flags_validator(
+    ["queue_capacity", "batch_size"], lambda d: d["queue_capacity"] >= d["batch_size"],
+    message="--queue_capacity must be >= --batch_size (the learner dequeues whole batches)")
+
+
+class UsageError(Exception):
+    """Bad input found after flag parsing; main prints it as one line and exits 2."""
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------- run folder
+def default_logdir():
+    return os.path.join("results", "%s_%d" % (FLAGS.level_name.replace("/", "-"), int(time.time())))
+
+
+def load_saved_options(path):
+    """options.json of a run folder (or of the folder holding a checkpoint prefix)."""
+    d = path if os.path.isdir(path) else os.path.dirname(path)
+    for candidate in (d, os.path.dirname(d)):
+        f = os.path.join(candidate, "options.json")
+        if os.path.exists(f):
+            try:
+                with open(f) as fh:
+                    return json.load(fh), candidate
+            except (OSError, ValueError) as e:
+                raise UsageError("%s is not readable JSON (%s)" % (f, e))
+    return {}, d
+
+
+def apply_saved_options(saved):
+    """Precedence: command line > options saved with the checkpoint > defaults."""
+    for name in RUN_FLAGS:
+        if name in saved and not FLAGS[name].present:
+            FLAGS[name].value = saved[name]
+
+
+def save_options(logdir):
+    os.makedirs(logdir, exist_ok=True)
+    opts = {name: FLAGS[name].value for name in RUN_FLAGS}
+    opts.update(mode=FLAGS.mode, learner_hosts=FLAGS.learner_hosts, actor_hosts=FLAGS.actor_hosts,
+                argv=sys.argv)
+    tmp = os.path.join(logdir, "options.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(opts, f, indent=2)
+    os.replace(tmp, os.path.join(logdir, "options.json"))
+
+
+def validate_run():
+    """Checks that need imports (env ids, agent names) before anything starts."""
+    import envs
+    import nets
+    try:
+        spec = envs.env_spec(FLAGS.level_name)
+    except envs.UnknownEnvError as e:
+        raise UsageError("--level_name=%s: %s" % (FLAGS.level_name, e))
+    if FLAGS.agent_name not in nets.AGENT_NAMES:
+        raise UsageError("--agent_name=%s is not an agent; choose one of %s"
+                         % (FLAGS.agent_name, ", ".join(nets.AGENT_NAMES)))
+    conv = FLAGS.agent_name in ("SimpleConvNetAgent", "ResNetAgent", "ResNetLSTMAgent")
+    if conv and len(spec.obs_shape) != 3:
+        raise UsageError("--agent_name=%s needs image observations but --level_name=%s gives "
+                         "vectors of shape %s; use MLPAgent" % (FLAGS.agent_name, FLAGS.level_name,
+                                                               spec.obs_shape))
+    if not conv and len(spec.obs_shape) != 1:
+        raise UsageError("--agent_name=%s needs vector observations but --level_name=%s gives "
+                         "shape %s; use SimpleConvNetAgent" % (FLAGS.agent_name, FLAGS.level_name,
+                                                              spec.obs_shape))
+    if not spec.discrete:
+        raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
+                         "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
+    if FLAGS.job_name == "actor" and FLAGS.actor_hosts and FLAGS.task >= len(FLAGS.actor_hosts):
+        raise UsageError("--task=%d but --actor_hosts lists only %d actor(s)"
+                         % (FLAGS.task, len(FLAGS.actor_hosts)))
+
+
+# ----------------------------------------------------------------- jobs
+def run_learner():
+    import learner as learner_lib
+    rank, size = 0, 1
+    if len(FLAGS.learner_hosts) > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
+        import horovod.tensorflow as hvd
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    if size != len(FLAGS.learner_hosts):
+        raise UsageError("--learner_hosts lists %d learner(s) but %d Horovod rank(s) are running; "
+                         "start one rank per learner (mpirun -np %d)"
+                         % (len(FLAGS.learner_hosts), size, len(FLAGS.learner_hosts)))
+    logdir = FLAGS.logdir
+    if FLAGS.mode == "train_w_load" and logdir is None:
+        logdir = load_saved_options(FLAGS.load_model_url)[1]
+    logdir = logdir or default_logdir()
+    if rank == 0:
+        save_options(logdir)
+    assigned = [a for i, a in enumerate(FLAGS.actor_hosts) if i % size == rank]
+    return learner_lib.train(FLAGS, logdir, FLAGS.learner_hosts[rank], len(assigned),
+                             rank=rank, size=size, log=log)
+
+
+def run_actor():
+    import actor as actor_lib
+    return actor_lib.run(FLAGS, FLAGS.task, log=log)
+
+
+def run_test():
+    """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std."""
+    import numpy as np
+    import tensorflow as tf
+    import actor as actor_lib
+    import envs
+    import learner as learner_lib
+    source = FLAGS.load_model_url or FLAGS.logdir
+    agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length)
+    prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
+    env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False)
+    step = tf.function(lambda o, f, s: agent(o, f, s))
+    returns, lengths = [], []
+    obs, _ = env.reset(seed=FLAGS.seed + 12345)
+    first, state = True, agent.initial_state(1)
+    start = time.time()
+    while len(returns) < FLAGS.test_num_episodes:
+        out, state = step(tf.constant(obs[None]), tf.constant([first]), state)
+        obs, _, terminated, truncated, info = env.step(int(out.action.numpy()[0]))
+        first = terminated or truncated
+        if first:
+            obs, _ = env.reset()
+        if "episode" in info:
+            returns.append(float(np.asarray(info["episode"]["r"])))
+            lengths.append(int(np.asarray(info["episode"]["l"])))
+            log("[test] episode %d/%d: return %.1f, length %d"
+                % (len(returns), FLAGS.test_num_episodes, returns[-1], lengths[-1]))
+    env.close()
+    result = {"checkpoint": prefix, "level_name": FLAGS.level_name, "episodes": len(returns),
+              "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
+              "mean_length": float(np.mean(lengths)), "seconds": time.time() - start}
+    log("[test] %s: mean return %.2f +- %.2f over %d episodes (checkpoint %s)"
+        % (FLAGS.level_name, result["mean_return"], result["std_return"], len(returns), prefix))
+    run_dir = source if os.path.isdir(source) else os.path.dirname(os.path.dirname(prefix))
+    with open(os.path.join(run_dir, "test_results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return 0
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError("unexpected arguments: %s (flags look like --name=value)" % " ".join(argv[1:]))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.set_verbosity(logging.WARNING)  # keep TF's Python INFO lines out of the progress output
+    try:
+        if FLAGS.mode in ("test", "train_w_load"):
+            if not FLAGS.load_model_url and not (FLAGS.mode == "test" and FLAGS.logdir):
+                raise UsageError("--mode=%s needs --load_model_url=<run folder or checkpoint>" % FLAGS.mode)
+            src = FLAGS.load_model_url or FLAGS.logdir
+            if not os.path.exists(src) and not os.path.exists(src + ".index"):
+                raise UsageError("--load_model_url=%s does not exist" % src)
+            apply_saved_options(load_saved_options(src)[0])
+        validate_run()
+        if FLAGS.mode == "test":
+            return run_test()
+        if FLAGS.job_name == "actor":
+            return run_actor()
+        return run_learner()
+    except (UsageError, FileNotFoundError) as e:
+        print("experiment.py: error: %s" % e, file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,396 @@
+"""IMPALA learner: hosts the transport server, dequeues batches of unrolls,
+computes the V-trace actor-critic loss (Espeholt et al. 2018, section 4.2) and
+applies RMSProp. With K Horovod ranks, each rank serves its own actors and
+gradients are averaged with allreduce, so all ranks hold identical weights;
+the effective batch is K x batch_size unrolls per update with the same
+learning rate (the loss is a sum over time and batch, as in scalable_agent).
+
+Rank 0 alone writes checkpoints, TensorBoard and metric files.
+"""
+import collections
+import hashlib
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import tensorflow as tf
+import sonnet as snt
+
+import actor as actor_lib
+import transport
+import vtrace
+
+try:  # Horovod is optional for a single learner
+    import horovod.tensorflow as hvd
+except ImportError:  # pragma: no cover - install.sh always installs it
+    hvd = None
+
+
+# ---------------------------------------------------------------- the loss
+def clip_rewards(rewards, mode):
+    if mode == "abs_one":
+        return tf.clip_by_value(rewards, -1.0, 1.0)
+    if mode == "soft_asymmetric":
+        squeezed = tf.tanh(rewards / 5.0)
+        # Negative rewards count 0.3 as much: makes the agent less risk-averse.
+        return tf.where(rewards < 0, 0.3 * squeezed, squeezed) * 5.0
+    return rewards  # "none"
+
+
+def compute_losses(agent_out, batch, flags):
+    """V-trace actor-critic loss on one time-major batch; sums over [T, B]."""
+    logits = agent_out.policy_logits[:-1]       # [T, B, A]
+    values = agent_out.baseline[:-1]            # [T, B]
+    bootstrap_value = agent_out.baseline[-1]    # [B]
+    rewards = clip_rewards(batch["reward"], flags.reward_clipping)
+    discounts = tf.cast(~batch["done"], tf.float32) * flags.discounting
+    vt = vtrace.from_logits(
+        behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=logits,
+        actions=batch["action"], discounts=discounts, rewards=rewards, values=values,
+        bootstrap_value=bootstrap_value)
+    # Policy gradient: -sum log pi(a_s|x_s) * rho_s (r_s + gamma v_{s+1} - V(x_s)).
+    pg_loss = tf.reduce_sum(-vt.target_action_log_probs * vt.pg_advantages)
+    # Baseline: 1/2 sum (v_s - V(x_s))^2, weighted by baseline_cost.
+    baseline_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values)) * flags.baseline_cost
+    # Entropy bonus: minimise -H(pi).
+    policy = tf.nn.softmax(logits)
+    log_policy = tf.nn.log_softmax(logits)
+    entropy = -tf.reduce_sum(policy * log_policy, axis=-1)
+    entropy_loss = -tf.reduce_sum(entropy) * flags.entropy_cost
+    total = pg_loss + baseline_loss + entropy_loss
+    return total, {"pg_loss": pg_loss, "baseline_loss": baseline_loss,
+                   "entropy": tf.reduce_mean(entropy), "total_loss": total,
+                   "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos))}
+
+
+def to_time_major(batch, names):
+    """[B, T(+1), ...] -> [T(+1), B, ...] for the per-step fields."""
+    out = {}
+    for k in names:
+        v = batch[k]
+        time_major = v.ndim >= 2 and k not in _BATCH_MAJOR and not k.startswith("core_state")
+        out[k] = np.swapaxes(v, 0, 1) if time_major else v
+    return out
+
+
+_BATCH_MAJOR = {"actor_id", "policy_version", "actor_timing"}
+
+
+# ---------------------------------------------------------------- the learner
+class Learner:
+    def __init__(self, flags, logdir, rank=0, size=1):
+        self.flags = flags
+        self.logdir = logdir
+        self.rank, self.size = rank, size
+        self.is_chief = rank == 0
+        tf.random.set_seed(flags.seed * 7919 + 100000 + rank)
+        self.agent, self.spec, self.env_spec = actor_lib.build_agent(
+            flags.level_name, flags.agent_name, flags.unroll_length)
+        self.variables = self.agent.trainable_variables
+        self.frames_per_step = flags.num_action_repeats or (4 if self.env_spec.is_atari else 1)
+        self.frames_per_update = size * flags.batch_size * flags.unroll_length * self.frames_per_step
+        self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
+        self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")
+        self.learning_rate = tf.Variable(flags.learning_rate, dtype=tf.float32, trainable=False)
+        self.optimizer = snt.optimizers.RMSProp(self.learning_rate, decay=flags.decay,
+                                                momentum=flags.momentum, epsilon=flags.epsilon)
+        # Create the optimizer's slots now (a zero update changes nothing for RMSProp)
+        # so that a restore fills them instead of deferring.
+        self.optimizer.apply([tf.zeros_like(v) for v in self.variables], self.variables)
+        self.ckpt = tf.train.Checkpoint(agent=self.agent, optimizer=self.optimizer,
+                                        num_env_frames=self.num_env_frames,
+                                        update_step=self.update_step)
+        self.ckpt_dir = os.path.join(logdir, "checkpoints")
+        self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=3)
+        self._train_step = tf.function(self._step)
+
+    # -- one update -----------------------------------------------------
+    def _step(self, batch):
+        core_state = tf.nest.pack_sequence_as(
+            self.agent.initial_state(1),
+            [batch["core_state_%d" % i] for i in range(len(tf.nest.flatten(self.agent.initial_state(1))))])
+        with tf.GradientTape() as tape:
+            out, _ = self.agent.unroll(batch["observation"], batch["first"], core_state)
+            loss, stats = compute_losses(out, batch, self.flags)
+        if self.size > 1:
+            tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, self.variables)
+        grad_norm = tf.linalg.global_norm(grads)
+        if self.flags.gradients_clipping > 0:
+            grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
+        # Linear decay of the learning rate to 0 over total_environment_frames.
+        frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
+        self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
+        self.optimizer.apply(grads, self.variables)
+        self.num_env_frames.assign_add(self.frames_per_update)
+        self.update_step.assign_add(1)
+        stats["grad_norm"] = grad_norm
+        stats["learning_rate"] = self.learning_rate
+        return stats
+
+    # -- checkpoints ----------------------------------------------------
+    def restore(self, path):
+        """Restores agent, optimizer and counters; returns the prefix used."""
+        return restore_newest_readable(self.ckpt, path, full=True)
+
+    def save(self):
+        if self.is_chief:
+            # CheckpointManager writes data files first and then atomically
+            # replaces the `checkpoint` index, so a torn write is never newest.
+            return self.manager.save(checkpoint_number=int(self.update_step.numpy()))
+        return None
+
+    def flat_weights(self):
+        return actor_lib.flatten_weights(self.variables).numpy()
+
+
+def checkpoint_candidates(path):
+    """Checkpoint prefixes under a run folder / checkpoint dir, newest first, or [path]."""
+    if path and os.path.isdir(path):
+        sub = os.path.join(path, "checkpoints")
+        state = tf.train.get_checkpoint_state(sub if os.path.isdir(sub) else path)
+        return list(reversed(state.all_model_checkpoint_paths)) if state else []
+    return [path] if path else []
+
+
+def restore_newest_readable(ckpt, path, full):
+    """Restores the newest checkpoint that reads; a corrupt newest one is skipped
+    with a warning. `full` requires every saved object to match (training);
+    otherwise only the agent is needed (testing)."""
+    candidates = checkpoint_candidates(path)
+    for prefix in candidates:
+        try:
+            status = ckpt.restore(prefix)
+            if full:
+                status.assert_existing_objects_matched()
+            else:
+                status.expect_partial()
+            return prefix
+        except (tf.errors.OpError, AssertionError, ValueError) as e:
+            print("WARNING: checkpoint %s is unreadable (%s); trying an older one"
+                  % (prefix, str(e).splitlines()[0][:200]), flush=True)
+    raise FileNotFoundError("--load_model_url=%s: no readable checkpoint there (looked at %d)"
+                            % (path, len(candidates)))
+
+
+def broadcast(learner):
+    """Start from rank 0's weights, optimizer state and counters."""
+    if learner.size > 1:
+        hvd.broadcast_variables(list(learner.variables) + list(learner.optimizer.variables)
+                                + [learner.num_env_frames, learner.update_step], root_rank=0)
+
+
+class Stats:
+    """Running figures for the progress line, TensorBoard and the final report."""
+
+    def __init__(self):
+        self.returns = collections.deque(maxlen=100)
+        self.lengths = collections.deque(maxlen=100)
+        self.episodes = 0
+        self.t_wait = self.t_learn = self.t_publish = 0.0
+        self.actor_time = np.zeros(3)  # env, inference, transfer (summed over unrolls)
+        self.actor_unrolls = 0
+        self.last_seen = {}
+        self.lag = collections.deque(maxlen=200)
+
+    def add_batch(self, batch, version):
+        ends = batch["episode_end"]
+        if ends.any():
+            self.returns.extend(batch["episode_return"][ends].tolist())
+            self.lengths.extend(batch["episode_length"][ends].tolist())
+            self.episodes += int(ends.sum())
+        now = time.time()
+        for a in np.unique(batch["actor_id"]):
+            self.last_seen[int(a)] = now
+        self.actor_time += batch["actor_timing"].sum(axis=0)
+        self.actor_unrolls += len(batch["actor_id"])
+        self.lag.extend((version - batch["policy_version"]).tolist())
+
+    def mean_return(self, n=20):
+        if not self.returns:
+            return float("nan")
+        return float(np.mean(list(self.returns)[-n:]))
+
+
+def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print):
+    stop = {"flag": False, "signal": None}
+
+    def handle(signum, frame):
+        stop["flag"] = True
+        stop["signal"] = signum
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)
+
+    learner = Learner(flags, logdir, rank, size)
+    restored = None
+    if flags.mode == "train_w_load":
+        restored = learner.restore(flags.load_model_url)
+        log("[learner %d] resumed from %s at %d frames" % (rank, restored, int(learner.num_env_frames.numpy())))
+    broadcast(learner)
+    capacity = flags.queue_capacity
+    tp = transport.LearnerTransport(learner_address, learner.spec, capacity, flags.batch_size)
+    version = int(learner.update_step.numpy())
+    tp.publish(learner.flat_weights(), version)
+    log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d frames/update"
+        % (rank, size, learner_address, flags.level_name, flags.agent_name, flags.batch_size,
+           flags.unroll_length, num_actors, learner.frames_per_update))
+
+    writer = tf.summary.create_file_writer(logdir) if learner.is_chief else None
+    metrics_path = os.path.join(logdir, "metrics.csv")
+    metrics = None
+    if learner.is_chief:
+        new_file = not os.path.exists(metrics_path)
+        metrics = open(metrics_path, "a", buffering=1)
+        if new_file:
+            metrics.write("time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,"
+                          "total_loss,entropy,grad_norm\n")
+
+    st = Stats()
+    start = time.time()
+    start_frames = int(learner.num_env_frames.numpy())
+    last_log = last_ckpt = start
+    last_log_frames = start_frames
+    last_data = start
+    waiting_said = False
+    exit_code = 0
+    reason = "frame budget reached"
+    step_stats = {}
+    total = flags.total_environment_frames
+    no_actors = False
+    while True:
+        # 1. Wait for this rank's batch (or a reason to stop), staying responsive.
+        frames = int(learner.num_env_frames.numpy())
+        t0 = time.perf_counter()
+        batch = None
+        while batch is None and not stop["flag"] and frames < total and not no_actors:
+            batch = tp.try_dequeue()
+            if batch is not None:
+                break
+            time.sleep(0.005)
+            idle = time.time() - last_data
+            if idle > flags.actor_timeout_s and not waiting_said:
+                log("[learner %d] WARNING: no unroll from any of its %d actor(s) for %.0f s; waiting "
+                    "(--exit_when_no_actors_s=%g)" % (rank, num_actors, idle, flags.exit_when_no_actors_s))
+                waiting_said = True
+            if flags.exit_when_no_actors_s > 0 and idle > flags.exit_when_no_actors_s:
+                log("[learner %d] ERROR: no actor has sent anything for %.0f s; stopping" % (rank, idle))
+                no_actors = True
+        st.t_wait += time.perf_counter() - t0
+        # 2. All ranks agree, once per update, whether to stop (a rank that
+        #    looped back alone would deadlock the others' gradient allreduce).
+        local_stop = batch is None
+        any_stop = local_stop
+        if size > 1:
+            any_stop = bool(hvd.allreduce(tf.constant(int(local_stop)), op=hvd.Max,
+                                          name="stop_flag").numpy())
+        if any_stop:
+            if stop["flag"]:
+                reason = "stopped by signal %d" % stop["signal"]
+            elif no_actors:
+                reason, exit_code = "no actors", 4
+            elif frames < total:
+                reason = "stopped because another learner rank stopped"
+            break
+        last_data = time.time()
+        waiting_said = False
+        t1 = time.perf_counter()
+        st.add_batch(batch, version)
+        tm = to_time_major(batch, learner.spec.names)
+        step_stats = learner._train_step({k: tf.constant(v) for k, v in tm.items()})
+        t2 = time.perf_counter()
+        st.t_learn += t2 - t1
+        version += 1
+        tp.publish(learner.flat_weights(), version)
+        st.t_publish += time.perf_counter() - t2
+
+        now = time.time()
+        if now - last_log >= flags.log_every_s:
+            frames = int(learner.num_env_frames.numpy())
+            fps = (frames - last_log_frames) / (now - last_log)
+            fill = tp.size() / capacity
+            _log_progress(log, rank, frames, total, fps, st, fill, now - start,
+                          (total - frames) / max(fps, 1e-9), step_stats, num_actors)
+            if learner.is_chief:
+                with writer.as_default(step=frames):
+                    tf.summary.scalar("frames_per_second", fps)
+                    tf.summary.scalar("queue_fill", fill)
+                    tf.summary.scalar("policy_lag", np.mean(st.lag) if st.lag else 0.0)
+                    if st.returns:
+                        tf.summary.scalar("episode_return_mean20", st.mean_return())
+                    for k, v in step_stats.items():
+                        tf.summary.scalar(k, v)
+                metrics.write("%.1f,%d,%d,%.1f,%.3f,%d,%.3f,%.4f,%.4f,%.4f\n" % (
+                    now - start, frames, int(learner.update_step.numpy()), fps, st.mean_return(),
+                    st.episodes, fill, float(step_stats["total_loss"]), float(step_stats["entropy"]),
+                    float(step_stats["grad_norm"])))
+            last_log, last_log_frames = now, frames
+        if now - last_ckpt >= flags.checkpoint_every_s:
+            learner.save()
+            last_ckpt = now
+
+    path = learner.save()
+    tp.close()
+    elapsed = time.time() - start
+    frames = int(learner.num_env_frames.numpy())
+    report = _bottleneck_report(st, elapsed, frames - start_frames, learner.frames_per_step)
+    log("[learner %d] %s after %d frames (%.0f s); checkpoint %s" % (rank, reason, frames, elapsed, path))
+    log("[learner %d] final weights sha256 %s" % (rank, hashlib.sha256(learner.flat_weights().tobytes()).hexdigest()))
+    log(report["text"])
+    if learner.is_chief:
+        summary = {"reason": reason, "frames": frames, "elapsed_s": elapsed,
+                   "mean_return_20": st.mean_return(), "episodes": st.episodes,
+                   "checkpoint": path, "time_breakdown": report["numbers"]}
+        with open(os.path.join(logdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        metrics.close()
+        writer.close()
+    # Give actors a moment to see the closed queue before the server goes away.
+    time.sleep(0.5)
+    return exit_code
+
+
+def _log_progress(log, rank, frames, total, fps, st, fill, elapsed, eta, step_stats, num_actors):
+    alive = sum(1 for t in st.last_seen.values() if time.time() - t < 60)
+    eta_s = int(min(eta, 99 * 3600))
+    log("[learner %d] frames %s/%s (%4.1f%%) | %6.0f fps | return %7.2f (last 20 of %d eps) | "
+        "queue %3.0f%% | lag %.1f | actors %d/%d | loss %.3f | %s elapsed, %s left"
+        % (rank, _si(frames), _si(total), 100.0 * frames / total, fps, st.mean_return(), st.episodes,
+           100 * fill, np.mean(st.lag) if st.lag else 0.0, alive, num_actors,
+           float(step_stats.get("total_loss", float("nan"))),
+           time.strftime("%H:%M:%S", time.gmtime(elapsed)),
+           "%02d:%02d:%02d" % (eta_s // 3600, eta_s % 3600 // 60, eta_s % 60)))
+
+
+def _si(n):
+    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return "%.2f%s" % (n / div, unit)
+    return str(n)
+
+
+def _bottleneck_report(st, elapsed, frames, frames_per_step):
+    """Where time went, and which side limited throughput."""
+    learner_busy = st.t_learn + st.t_publish
+    n = max(st.actor_unrolls, 1)
+    env_s, inf_s, tx_s = st.actor_time / n  # per unroll, per env
+    actor_total = env_s + inf_s + tx_s
+    wait_frac = st.t_wait / max(elapsed, 1e-9)
+    if wait_frac > 0.25:
+        verdict = "actors (the learner waited for data %.0f%% of the time)" % (100 * wait_frac)
+    else:
+        verdict = "learner (busy %.0f%% of the time; actors block on a full queue)" % (
+            100 * learner_busy / max(elapsed, 1e-9))
+    numbers = {"learner_wait_s": st.t_wait, "learner_learn_s": st.t_learn,
+               "learner_publish_s": st.t_publish, "elapsed_s": elapsed, "frames": frames,
+               "actor_env_share": env_s / max(actor_total, 1e-9),
+               "actor_inference_share": inf_s / max(actor_total, 1e-9),
+               "actor_transfer_share": tx_s / max(actor_total, 1e-9), "bottleneck": verdict}
+    text = ("[learner] where time went: learner %.0f%% learning, %.0f%% publishing weights, %.0f%% "
+            "waiting for data | actors %.0f%% env steps, %.0f%% inference, %.0f%% transfer "
+            "(incl. waiting on a full queue) | bottleneck: %s"
+            % (100 * st.t_learn / max(elapsed, 1e-9), 100 * st.t_publish / max(elapsed, 1e-9),
+               100 * wait_frac, 100 * numbers["actor_env_share"], 100 * numbers["actor_inference_share"],
+               100 * numbers["actor_transfer_share"], verdict))
+    return {"text": text, "numbers": numbers}

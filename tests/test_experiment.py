@@ -1,0 +1,179 @@
+"""End-to-end tests of experiment.py on a real local cluster: processes, loopback
+gRPC (tf.distribute.Server), real CartPole, real mpirun for two Horovod ranks."""
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from local_cluster import LocalCluster  # noqa: E402
+
+PY = sys.executable
+CARTPOLE = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=8",
+            "--unroll_length=20", "--envs_per_actor=4", "--queue_capacity=16",
+            "--entropy_cost=0.01", "--learning_rate=0.001", "--log_every_s=1"]
+
+
+def _free_base_port():
+    import socket
+    for base in range(20000, 40000, 50):
+        ok = True
+        for p in range(base, base + 8):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free ports")
+
+
+def _no_leftovers(cluster):
+    procs = [cluster.learner] + cluster.actor_procs
+    for p in procs:
+        assert p.poll() is not None, "process %d still running" % p.pid
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        assert cluster.logdir not in cmd, "leftover process: %s" % cmd
+
+
+def _run_experiment(args, timeout=120):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([PY, os.path.join(ROOT, "experiment.py")] + args, capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--agent_name=NoSuchAgent", "--level_name=CartPole-v1"], "--agent_name=NoSuchAgent"),
+    (["--level_name=NoSuchGame-v9", "--agent_name=MLPAgent"], "--level_name=NoSuchGame-v9"),
+    (["--batch_size=0"], "--batch_size"),
+    (["--unroll_length=-3"], "--unroll_length"),
+    (["--learning_rate=0"], "--learning_rate"),
+    (["--discounting=1.5"], "--discounting"),
+    (["--reward_clipping=weird"], "--reward_clipping"),
+    (["--learner_hosts=localhost"], "--learner_hosts"),
+    (["--actor_hosts=127.0.0.1:99999"], "--actor_hosts"),
+    (["--queue_capacity=4", "--batch_size=8"], "--queue_capacity"),
+    (["--mode=train_w_load"], "--load_model_url"),
+    (["--mode=test", "--load_model_url=/nonexistent/run"], "/nonexistent/run"),
+    (["--level_name=CartPole-v1", "--agent_name=SimpleConvNetAgent"], "MLPAgent"),
+    (["--level_name=HalfCheetah-v5", "--agent_name=MLPAgent"], "continuous"),
+    (["--width=64"], "--width"),
+])
+def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
+    r = _run_experiment(args + ["--logdir=%s" % (tmp_path / "run")])
+    assert r.returncode != 0
+    err_lines = [l for l in r.stderr.splitlines() if l.strip() and "WARNING" not in l and "cuda" not in l.lower()]
+    assert any(needle in l for l in err_lines), r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "run"), "nothing may be started or written on bad input"
+
+
+def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
+    """Trains CartPole on a local cluster, stops it with SIGINT mid-run (checkpoint,
+    every process gone within 30 s), resumes with train_w_load (frame counter goes
+    on), then plays the policy in test mode."""
+    logdir = str(tmp_path / "run")
+    base = _free_base_port()
+    c = LocalCluster(2, base, CARTPOLE + ["--total_environment_frames=10000000"], logdir).start()
+    try:
+        metrics = os.path.join(logdir, "metrics.csv")
+        deadline = time.time() + 150
+        frames = 0
+        while time.time() < deadline and frames < 40000:
+            time.sleep(1)
+            assert c.learner.poll() is None, open(os.path.join(logdir, "logs", "learner.log")).read()
+            if os.path.exists(metrics):
+                rows = open(metrics).read().splitlines()[1:]
+                if rows:
+                    frames = int(rows[-1].split(",")[1])
+        assert frames >= 40000, "training did not advance: %d frames" % frames
+        t0 = time.time()
+        os.killpg(c.learner.pid, signal.SIGINT)
+        for p in [c.learner] + c.actor_procs:
+            p.wait(timeout=max(1, 30 - (time.time() - t0)))
+        assert time.time() - t0 < 30
+        assert c.learner.returncode == 0
+        assert all(p.returncode == 0 for p in c.actor_procs), [p.returncode for p in c.actor_procs]
+    finally:
+        c.stop()
+    _no_leftovers(c)
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    assert summary["reason"].startswith("stopped by signal")
+    stopped_at = summary["frames"]
+    assert stopped_at >= 40000
+    assert glob.glob(os.path.join(logdir, "checkpoints", "ckpt-*.index"))
+    returns_before = summary["mean_return_20"]
+
+    # Resume: the frame counter continues from the checkpoint.
+    c2 = LocalCluster(2, base, ["--mode=train_w_load", "--load_model_url=" + logdir,
+                                "--total_environment_frames=%d" % (stopped_at + 20000),
+                                "--log_every_s=1"], logdir).start()
+    try:
+        assert c2.wait(timeout=150) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()
+    finally:
+        c2.stop()
+    _no_leftovers(c2)
+    log = open(os.path.join(logdir, "logs", "learner.log")).read()
+    m = re.search(r"resumed from \S+ at (\d+) frames", log)
+    assert m and int(m.group(1)) == stopped_at, log
+    summary2 = json.load(open(os.path.join(logdir, "summary.json")))
+    assert summary2["frames"] >= stopped_at + 20000
+    # First returns after resume are in line with those before (not back to random ~22).
+    assert summary2["mean_return_20"] >= 0.5 * returns_before, (returns_before, summary2)
+
+    r = _run_experiment(["--mode=test", "--load_model_url=" + logdir, "--test_num_episodes=3"])
+    assert r.returncode == 0, r.stderr
+    result = json.load(open(os.path.join(logdir, "test_results.json")))
+    assert result["episodes"] == 3 and result["mean_return"] > 0
+
+
+def test_actor_death_is_survived(tmp_path):
+    """SIGKILL one of two actors: the learner goes on with the other."""
+    logdir = str(tmp_path / "run")
+    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=60000"], logdir).start()
+    try:
+        time.sleep(20)
+        os.killpg(c.actor_procs[0].pid, signal.SIGKILL)
+        assert c.wait(timeout=150) == 0
+    finally:
+        c.stop()
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    assert summary["frames"] >= 60000
+
+
+def test_learner_without_actors_exits_when_told(tmp_path):
+    logdir = str(tmp_path / "run")
+    r = _run_experiment(["--job_name=learner", "--learner_hosts=127.0.0.1:%d" % _free_base_port(),
+                         "--logdir=" + logdir, "--exit_when_no_actors_s=3", "--actor_timeout_s=1"]
+                        + CARTPOLE, timeout=90)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "no actor has sent anything" in r.stdout
+
+
+def test_two_horovod_ranks_hold_identical_weights(tmp_path):
+    """mpirun -np 2: each rank serves one actor; after training both ranks'
+    weights hash the same (gradients averaged with allreduce)."""
+    logdir = str(tmp_path / "run")
+    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=8000"], logdir,
+                     num_learners=2).start()
+    try:
+        assert c.wait(timeout=240) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()
+    finally:
+        c.stop()
+    log = open(os.path.join(logdir, "logs", "learner.log")).read()
+    sums = dict(re.findall(r"\[learner (\d)\] final weights sha256 (\w+)", log))
+    assert set(sums) == {"0", "1"}, log
+    assert sums["0"] == sums["1"]
+    updates = re.findall(r"\[learner \d\] .* after (\d+) frames", log)
+    assert len(updates) == 2 and updates[0] == updates[1]

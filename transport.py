@@ -1,0 +1,216 @@
+"""Actor -> learner transport over TensorFlow's distributed runtime.
+
+Each learner hosts a `tf.distribute.Server`. On it live two shared resources,
+created by a small TF1-style graph that is kept for the transport alone (the
+models and the learner step are TF2/eager, see learner.py):
+
+  * a bounded FIFO queue of unrolls (`shared_name="unrolls"`): actors enqueue,
+    the learner dequeues batches. A full queue blocks the actors: that is the
+    backpressure that bounds the policy lag and the memory.
+  * a flat float32 weights variable and a version counter: the learner assigns
+    after each update, actors read when the version changed.
+
+Actors are plain gRPC *clients* of the learner's server (`Session("grpc://ip:port")`)
+rather than members of its ClusterSpec, as DeepMind's scalable_agent had them.
+Measured reason: a client needs no server of its own and no entry in the
+learner's cluster, so actors can come, go and restart without restarting the
+learner, and feeds travel inside the RunStep request (one hop). See README.
+
+Both sides build the same graph from the same `UnrollSpec`; if an actor's
+spec differs (other env or agent flags) TF refuses the shared queue and the
+actor exits with a clear message.
+
+Security: TF's gRPC servers are unauthenticated and listen on all interfaces
+of their port. Run them on a private network (or SSH tunnels), never exposed.
+"""
+import time
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+
+class Field(NamedTuple):
+    name: str
+    dtype: np.dtype
+    shape: tuple
+
+
+class UnrollSpec(NamedTuple):
+    """Shapes and dtypes of one queue element (one environment's unroll)."""
+    fields: tuple  # of Field, in a fixed order
+    weights_size: int
+
+    @property
+    def names(self):
+        return [f.name for f in self.fields]
+
+    def nbytes(self):
+        return sum(int(np.prod(f.shape)) * np.dtype(f.dtype).itemsize for f in self.fields)
+
+
+def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_state_shapes,
+                     weights_size):
+    T = unroll_length
+    fields = [
+        Field("observation", np.dtype(obs_dtype), (T + 1,) + tuple(obs_shape)),
+        Field("first", np.dtype(bool), (T + 1,)),
+        Field("action", np.dtype(np.int32), (T,)),
+        Field("reward", np.dtype(np.float32), (T,)),
+        Field("done", np.dtype(bool), (T,)),
+        Field("behaviour_logits", np.dtype(np.float32), (T, num_actions)),
+        Field("episode_end", np.dtype(bool), (T,)),
+        Field("episode_return", np.dtype(np.float32), (T,)),
+        Field("episode_length", np.dtype(np.int32), (T,)),
+        Field("actor_id", np.dtype(np.int32), ()),
+        Field("policy_version", np.dtype(np.int64), ()),
+        # Seconds the actor spent on [env steps, inference, transfer] for this unroll.
+        Field("actor_timing", np.dtype(np.float32), (3,)),
+    ]
+    for i, shape in enumerate(core_state_shapes):
+        fields.append(Field(f"core_state_{i}", np.dtype(np.float32), tuple(shape)))
+    return UnrollSpec(tuple(fields), int(weights_size))
+
+
+class _Graph:
+    """The transport graph: identical on learner and actors."""
+
+    def __init__(self, spec: UnrollSpec, capacity: int, batch_size: int):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            dtypes = [tf.as_dtype(f.dtype) for f in spec.fields]
+            shapes = [list(f.shape) for f in spec.fields]
+            self.queue = tf.queue.FIFOQueue(capacity, dtypes, shapes, names=spec.names,
+                                            shared_name="unrolls", name="unrolls")
+            self.placeholders = {f.name: v1.placeholder(tf.as_dtype(f.dtype), [None] + list(f.shape),
+                                                        name="in_" + f.name)
+                                 for f in spec.fields}
+            self.enqueue = self.queue.enqueue_many(self.placeholders)
+            self.size = self.queue.size()
+            self.dequeue = self.queue.dequeue_many(batch_size)
+            self.close = self.queue.close(cancel_pending_enqueues=True)
+            self.weights = v1.Variable(tf.zeros([spec.weights_size]), name="weights",
+                                       use_resource=True, trainable=False)
+            self.version = v1.Variable(tf.constant(-1, tf.int64), name="weights_version",
+                                       use_resource=True, trainable=False)
+            self.weights_in = v1.placeholder(tf.float32, [spec.weights_size])
+            self.version_in = v1.placeholder(tf.int64, [])
+            with tf.control_dependencies([self.weights.assign(self.weights_in)]):
+                self.publish = self.version.assign(self.version_in)
+            self.read_version = self.version.read_value()
+            self.read_weights = self.weights.read_value()
+            self.init = v1.initializers.variables([self.weights, self.version])
+
+
+class LearnerTransport:
+    """The learner's end: hosts the server, owns the queue and the weights."""
+
+    def __init__(self, address: str, spec: UnrollSpec, capacity: int, batch_size: int):
+        port = int(address.rsplit(":", 1)[1])
+        cluster = tf.train.ClusterSpec({"learner": [address]})
+        config = v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
+        self.server = tf.distribute.Server(cluster, job_name="learner", task_index=0,
+                                           config=config, start=True)
+        self.address = address
+        self.port = port
+        self.spec = spec
+        self.batch_size = batch_size
+        self._g = _Graph(spec, capacity, batch_size)
+        self.sess = v1.Session(self.server.target, graph=self._g.graph, config=config)
+        self.sess.run(self._g.init)
+        self.capacity = capacity
+
+    def publish(self, flat_weights: np.ndarray, version: int):
+        self.sess.run(self._g.publish, {self._g.weights_in: flat_weights,
+                                        self._g.version_in: version})
+
+    def size(self) -> int:
+        return int(self.sess.run(self._g.size))
+
+    def try_dequeue(self):
+        """A batch dict of [B, ...] arrays, or None if fewer than B unrolls wait.
+
+        The learner is the queue's only consumer, so a size check followed by
+        dequeue_many never blocks; that keeps the learner responsive to signals
+        and lets it notice when no actor is sending."""
+        if self.size() < self.batch_size:
+            return None
+        return self.sess.run(self._g.dequeue)
+
+    def close(self):
+        """Closes the queue: blocked and later enqueues fail, so actors stop."""
+        try:
+            self.sess.run(self._g.close)
+        except tf.errors.OpError:
+            pass
+
+
+class ActorClient:
+    """The actor's end: a gRPC client session on the learner's server."""
+
+    def __init__(self, learner_address: str, spec: UnrollSpec, capacity: int, batch_size: int):
+        self.target = "grpc://" + learner_address
+        self.spec = spec
+        self._g = _Graph(spec, capacity, batch_size)
+        self.sess = None
+        self.version = -1
+
+    def connect(self, timeout_s: float, should_stop=lambda: False, log=print):
+        """Opens a session and waits until the learner has published weights.
+
+        Retries with exponential backoff (0.5 s doubling to 8 s) until
+        `timeout_s` have passed; returns False if it gave up or was stopped."""
+        deadline = time.time() + timeout_s
+        delay = 0.5
+        last_error = None
+        while not should_stop():
+            try:
+                if self.sess is None:
+                    config = v1.ConfigProto(intra_op_parallelism_threads=1,
+                                            inter_op_parallelism_threads=1)
+                    self.sess = v1.Session(self.target, graph=self._g.graph, config=config)
+                opts = v1.RunOptions(timeout_in_ms=5000)
+                if self.sess.run(self._g.read_version, options=opts) >= 0:
+                    return True
+                last_error = "learner has not published weights yet"
+            except tf.errors.OpError as e:
+                last_error = e.message.splitlines()[0] if e.message else type(e).__name__
+                if "Shared queue" in (e.message or "") or isinstance(e, tf.errors.InvalidArgumentError):
+                    raise RuntimeError(
+                        "the learner at %s serves a different unroll layout (check that "
+                        "--level_name, --agent_name and --unroll_length match the learner's): %s"
+                        % (self.target, last_error)) from None
+                self.reset()
+            if time.time() > deadline:
+                log("giving up on learner %s after %.0f s: %s" % (self.target, timeout_s, last_error))
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+        return False
+
+    def reset(self):
+        if self.sess is not None:
+            try:
+                self.sess.close()
+            except Exception:  # the server may be gone; nothing to release then
+                pass
+        self.sess = None
+
+    def fetch_weights_if_new(self):
+        """Returns (version, flat weights) if the learner published newer ones, else None."""
+        opts = v1.RunOptions(timeout_in_ms=10000)
+        version = int(self.sess.run(self._g.read_version, options=opts))
+        if version == self.version:
+            return None
+        version, weights = self.sess.run([self._g.read_version, self._g.read_weights], options=opts)
+        self.version = int(version)
+        return self.version, weights
+
+    def enqueue(self, batch: dict, timeout_ms: int = 5000):
+        """Enqueues E unrolls ([E, ...] arrays). Raises DeadlineExceededError when the
+        queue stayed full for `timeout_ms` (the caller retries), CancelledError or
+        OutOfRangeError when the learner closed the queue."""
+        feed = {self._g.placeholders[name]: batch[name] for name in self.spec.names}
+        self.sess.run(self._g.enqueue, feed, options=v1.RunOptions(timeout_in_ms=timeout_ms))

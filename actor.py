@@ -6,7 +6,9 @@ Time is accounted in three buckets and sent with each unroll, so the learner
 can say where time goes: env stepping, policy inference, transfer (enqueue,
 including time blocked on a full queue, and weight reads).
 """
+import queue
 import signal
+import threading
 import time
 
 import numpy as np
@@ -67,6 +69,54 @@ class Stopper:
         return self.stop
 
 
+class Sender:
+    """Enqueues unrolls from a background thread so the envs keep stepping
+    while the previous unroll travels. Holds at most one unroll in hand: when
+    the learner's queue is full, `send` blocks, which keeps the backpressure."""
+
+    def __init__(self, client, stopper):
+        self.client, self.stopper = client, stopper
+        self.inbox = queue.Queue(maxsize=1)
+        self.outcome = None  # set to 'closed' / 'lost' by the thread
+        self.sent = 0
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                return
+            outcome = _enqueue(self.client, item, self.stopper)
+            if outcome == "sent":
+                self.sent += 1
+            elif outcome != "stopped":
+                self.outcome = outcome
+            self.inbox.task_done()
+
+    def send(self, buf):
+        """Returns the time spent waiting for the previous unroll to go."""
+        t0 = time.perf_counter()
+        while not self.stopper() and self.outcome is None:
+            try:
+                self.inbox.put({k: v.copy() for k, v in buf.items()}, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        return time.perf_counter() - t0
+
+    def drain(self):
+        """Waits until the unroll in hand is sent (or failed)."""
+        while self.inbox.unfinished_tasks and not self.stopper() and self.outcome is None:
+            time.sleep(0.01)
+
+    def close(self):
+        try:
+            self.inbox.put_nowait(None)
+        except queue.Full:
+            pass
+
+
 def run(flags, task, log=print):
     learner_hosts = flags.learner_hosts
     learner = learner_hosts[task % len(learner_hosts)]
@@ -92,7 +142,7 @@ def run(flags, task, log=print):
     buf = {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}
     buf["actor_id"][:] = task
     timing = np.zeros(3, np.float64)  # env, inference, transfer
-    unrolls = 0
+    sender = Sender(client, stopper)
     while not stopper():
         t0 = time.perf_counter()
         try:
@@ -142,22 +192,22 @@ def run(flags, task, log=print):
             timing[0] += t3 - t2
         buf["actor_timing"][:] = (timing / E).astype(np.float32)
         timing[:] = 0
-        t4 = time.perf_counter()
-        outcome = _enqueue(client, buf, stopper)
-        timing[2] += time.perf_counter() - t4
-        if outcome == "sent":
-            unrolls += 1
-        elif outcome == "closed":
+        timing[2] += sender.send(buf)
+        if sender.outcome == "closed":
             log("actor %d: learner closed its queue (run finished); exiting" % task)
             break
-        elif outcome == "lost":
+        if sender.outcome == "lost":
             log("actor %d: lost learner %s, reconnecting" % (task, learner))
+            sender.close()
             client.reset()
             if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
                 break
+            sender = Sender(client, stopper)
+    sender.drain()
+    sender.close()
     _close(env_list)
     client.reset()
-    log("actor %d: stopped after %d unrolls" % (task, unrolls))
+    log("actor %d: stopped after %d unrolls" % (task, sender.sent))
     return 0
 
 

@@ -59,6 +59,9 @@ flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
 flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
 flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon.")
 
+flags.DEFINE_string("replay_parameters", '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
+                    "JSON list of batch sources (queue = live unrolls, standard, custom) with "
+                    "capacity and sample_ratio; see replay.py. The default is no replay.")
 flags.DEFINE_float("log_every_s", 10.0, "Seconds between progress lines and TensorBoard points.")
 flags.DEFINE_float("checkpoint_every_s", 600.0, "Seconds between checkpoints.")
 flags.DEFINE_float("actor_timeout_s", 60.0, "A learner that got nothing from its actors for this "
@@ -74,7 +77,7 @@ FLAGS = flags.FLAGS
 RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
-             "learning_rate", "decay", "momentum", "epsilon", "seed"]
+             "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 
@@ -173,6 +176,11 @@ def validate_run():
     if not spec.discrete:
         raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
                          "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
+    import replay
+    try:
+        replay.parse_replay_parameters(FLAGS.replay_parameters)
+    except replay.ReplayConfigError as e:
+        raise UsageError(str(e))
     if FLAGS.job_name == "actor" and FLAGS.actor_hosts and FLAGS.task >= len(FLAGS.actor_hosts):
         raise UsageError("--task=%d but --actor_hosts lists only %d actor(s)"
                          % (FLAGS.task, len(FLAGS.actor_hosts)))

@@ -11,6 +11,7 @@ import collections
 import hashlib
 import json
 import os
+import pickle
 import signal
 import time
 
@@ -20,6 +21,7 @@ import sonnet as snt
 
 import actor as actor_lib
 import transport
+import replay as replay_lib
 import vtrace
 
 try:  # Horovod is optional for a single learner
@@ -105,14 +107,64 @@ class Learner:
         self.ckpt_dir = os.path.join(logdir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=3)
         self._train_step = tf.function(self._step)
+        self._logits_fn = tf.function(self._policy_logits)
+        self.frames_per_unroll = flags.unroll_length * self.frames_per_step
+        # Replay (--replay_parameters): None when the batch is all live unrolls.
+        specs = replay_lib.parse_replay_parameters(flags.replay_parameters)
+        self.mixer = None
+        if not (len(specs) == 1 and specs[0].type == "queue"):
+            live_share = sum(s.sample_ratio for s in specs if s.type == "queue")
+            live_per_update = size * max(1, round(live_share * flags.batch_size)) * self.frames_per_unroll
+            self.mixer = replay_lib.ReplayMixer(
+                specs, flags.batch_size, seed=flags.seed * 1000 + rank,
+                total_updates=max(1, flags.total_environment_frames // live_per_update))
+        self.replay_state_path = os.path.join(self.ckpt_dir, "replay_state.pkl")
+
+    def live_needed(self):
+        """Fresh unrolls the next update takes from the queue: the queue's share of the
+        batch, plus what replay buffers still filling up lack (at least one, so the
+        actors always move the run forward)."""
+        if self.mixer is None:
+            return self.flags.batch_size
+        counts = self.mixer.counts()
+        need = sum(max(0, counts[b.index] - len(b)) for b in self.mixer.buffers)
+        if self.mixer.queue is not None:
+            need += max(0, counts[self.mixer.queue.index] - len(self.mixer.queue.carry))
+        return max(1, need)
+
+    def make_batch(self, live):
+        """The training batch ([B, ...] arrays) from the live unrolls (and replay)."""
+        if self.mixer is None:
+            return live
+        items = replay_lib.split_batch(live)
+        fn = self.features if any(b.spec.sample_strategy != "uniform"
+                                  or b.spec.insert_strategy != "fifo"
+                                  for b in self.mixer.buffers) else None
+        chosen = self.mixer.sample(items, fn)
+        self.mixer.add(items, fn)
+        return replay_lib.stack_items(chosen)
 
     # -- one update -----------------------------------------------------
-    def _step(self, batch):
-        core_state = tf.nest.pack_sequence_as(
-            self.agent.initial_state(1),
-            [batch["core_state_%d" % i] for i in range(len(tf.nest.flatten(self.agent.initial_state(1))))])
+    def _core_state(self, batch):
+        template = self.agent.initial_state(1)
+        return tf.nest.pack_sequence_as(
+            template, [batch["core_state_%d" % i] for i in range(len(tf.nest.flatten(template)))])
+
+    def _policy_logits(self, batch):
+        """Current-policy logits [T, B, A] for a time-major batch (replay features)."""
+        out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
+        return out.policy_logits[:-1]
+
+    def features(self, items):
+        """Replay's features_fn: the current policy's [T, A] logits for each unroll."""
+        batch = to_time_major(replay_lib.stack_items(items), ("observation", "first") + tuple(
+            n for n in self.spec.names if n.startswith("core_state")))
+        logits = self._logits_fn({k: tf.constant(v) for k, v in batch.items()}).numpy()
+        return [logits[:, i] for i in range(len(items))]
+
+    def _step(self, batch, new_frames):
         with tf.GradientTape() as tape:
-            out, _ = self.agent.unroll(batch["observation"], batch["first"], core_state)
+            out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
             loss, stats = compute_losses(out, batch, self.flags)
         if self.size > 1:
             tape = hvd.DistributedGradientTape(tape)
@@ -124,7 +176,7 @@ class Learner:
         frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
         self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
         self.optimizer.apply(grads, self.variables)
-        self.num_env_frames.assign_add(self.frames_per_update)
+        self.num_env_frames.assign_add(new_frames)
         self.update_step.assign_add(1)
         stats["grad_norm"] = grad_norm
         stats["learning_rate"] = self.learning_rate
@@ -133,13 +185,28 @@ class Learner:
     # -- checkpoints ----------------------------------------------------
     def restore(self, path):
         """Restores agent, optimizer and counters; returns the prefix used."""
-        return restore_newest_readable(self.ckpt, path, full=True)
+        prefix = restore_newest_readable(self.ckpt, path, full=True)
+        replay_state = os.path.join(os.path.dirname(prefix), "replay_state.pkl")
+        if self.mixer is not None and os.path.exists(replay_state):
+            try:
+                with open(replay_state, "rb") as f:  # a local file this program wrote
+                    self.mixer.load_state_dict(pickle.load(f))
+            except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:
+                print("WARNING: %s not used (%s); replay starts empty" % (replay_state, e), flush=True)
+        return prefix
 
     def save(self):
         if self.is_chief:
             # CheckpointManager writes data files first and then atomically
             # replaces the `checkpoint` index, so a torn write is never newest.
-            return self.manager.save(checkpoint_number=int(self.update_step.numpy()))
+            path = self.manager.save(checkpoint_number=int(self.update_step.numpy()))
+            if self.mixer is not None:
+                # Counters, RNG and schedules of the replay (not its contents).
+                tmp = self.replay_state_path + ".tmp"
+                with open(tmp, "wb") as f:
+                    pickle.dump(self.mixer.state_dict(), f)
+                os.replace(tmp, self.replay_state_path)
+            return path
         return None
 
     def flat_weights(self):
@@ -264,8 +331,9 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
         frames = int(learner.num_env_frames.numpy())
         t0 = time.perf_counter()
         batch = None
+        n_live = learner.live_needed()
         while batch is None and not stop["flag"] and frames < total and not no_actors:
-            batch = tp.try_dequeue()
+            batch = tp.try_dequeue(n_live)
             if batch is not None:
                 break
             time.sleep(0.005)
@@ -296,9 +364,10 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
         last_data = time.time()
         waiting_said = False
         t1 = time.perf_counter()
-        st.add_batch(batch, version)
-        tm = to_time_major(batch, learner.spec.names)
-        step_stats = learner._train_step({k: tf.constant(v) for k, v in tm.items()})
+        st.add_batch(batch, version)  # statistics of live data only
+        tm = to_time_major(learner.make_batch(batch), learner.spec.names)
+        new_frames = tf.constant(size * n_live * learner.frames_per_unroll, tf.int64)
+        step_stats = learner._train_step({k: tf.constant(v) for k, v in tm.items()}, new_frames)
         t2 = time.perf_counter()
         st.t_learn += t2 - t1
         version += 1
@@ -321,6 +390,8 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
                         tf.summary.scalar("episode_return_mean20", st.mean_return())
                     for k, v in step_stats.items():
                         tf.summary.scalar(k, v)
+                    if learner.mixer is not None:
+                        tf.summary.scalar("replay_nbytes", learner.mixer.nbytes())
                 metrics.write("%.1f,%d,%d,%.1f,%.3f,%d,%.3f,%.4f,%.4f,%.4f\n" % (
                     now - start, frames, int(learner.update_step.numpy()), fps, st.mean_return(),
                     st.episodes, fill, float(step_stats["total_loss"]), float(step_stats["entropy"]),
@@ -342,8 +413,11 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
         summary = {"reason": reason, "frames": frames, "elapsed_s": elapsed,
                    "mean_return_20": st.mean_return(), "episodes": st.episodes,
                    "checkpoint": path, "time_breakdown": report["numbers"]}
+        if learner.mixer is not None:
+            summary["replay"] = learner.mixer.stats()
+            log("[learner] replay: %s" % json.dumps(summary["replay"], default=float))
         with open(os.path.join(logdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+            json.dump(summary, f, indent=2, default=float)
         metrics.close()
         writer.close()
     # Give actors a moment to see the closed queue before the server goes away.

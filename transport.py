@@ -89,7 +89,8 @@ class _Graph:
                                  for f in spec.fields}
             self.enqueue = self.queue.enqueue_many(self.placeholders)
             self.size = self.queue.size()
-            self.dequeue = self.queue.dequeue_many(batch_size)
+            self.dequeue_n = v1.placeholder_with_default(tf.constant(batch_size), [], name="dequeue_n")
+            self.dequeue = self.queue.dequeue_many(self.dequeue_n)
             self.close = self.queue.close(cancel_pending_enqueues=True)
             self.weights = v1.Variable(tf.zeros([spec.weights_size]), name="weights",
                                        use_resource=True, trainable=False)
@@ -129,15 +130,17 @@ class LearnerTransport:
     def size(self) -> int:
         return int(self.sess.run(self._g.size))
 
-    def try_dequeue(self):
-        """A batch dict of [B, ...] arrays, or None if fewer than B unrolls wait.
+    def try_dequeue(self, n=None):
+        """A batch dict of [n, ...] arrays (n defaults to the batch size B), or None if
+        fewer than n unrolls wait.
 
         The learner is the queue's only consumer, so a size check followed by
         dequeue_many never blocks; that keeps the learner responsive to signals
         and lets it notice when no actor is sending."""
-        if self.size() < self.batch_size:
+        n = self.batch_size if n is None else int(n)
+        if self.size() < n:
             return None
-        return self.sess.run(self._g.dequeue)
+        return self.sess.run(self._g.dequeue, {self._g.dequeue_n: n})
 
     def close(self):
         """Closes the queue: blocked and later enqueues fail, so actors stop."""

@@ -1,0 +1,151 @@
+"""PongNoFrameskip-v4 with IMPALA (SimpleConvNetAgent) on a local cluster, for
+a fixed frame budget, next to the raw env-stepping ceiling of the same cores
+measured in the same run.
+
+  .venv/bin/python bench/pong_impala.py --frames 2000000 --actors 2 --envs_per_actor 8
+
+Phase 1 (ceiling): `--actors` processes step preprocessed Pong with random
+actions for --ceiling_s seconds; frames/s = 4 x steps/s (frame skip 4).
+Phase 2 (training): 1 learner + `--actors` actor processes until --frames.
+Writes bench/results/pong_impala.{csv,md,png}: the learning curve (frames,
+seconds, fps, mean return of the last 20 games) and the ratio of median
+end-to-end training fps to the ceiling, with the learner's own report of where
+time went (the bottleneck).
+"""
+import argparse
+import csv
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from local_cluster import LocalCluster  # noqa: E402
+
+
+def _step_env(level, seconds, seed, out):
+    import numpy as np
+    import envs
+    env = envs.make_env(level, seed=seed, training=True)
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    n = env.action_space.n
+    steps, t0 = 0, time.time()
+    while time.time() - t0 < seconds:
+        _, _, term, trunc, _ = env.step(int(rng.integers(n)))
+        if term or trunc:
+            env.reset()
+        steps += 1
+    out.put(steps / (time.time() - t0))
+
+
+def ceiling(level, processes, seconds):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_step_env, args=(level, seconds, i, q)) for i in range(processes)]
+    for p in ps:
+        p.start()
+    rates = [q.get(timeout=seconds + 120) for _ in ps]
+    for p in ps:
+        p.join()
+    return sum(rates)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--level", default="PongNoFrameskip-v4")
+    p.add_argument("--frames", type=int, default=2_000_000)
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--envs_per_actor", type=int, default=8)
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--unroll_length", type=int, default=20)
+    p.add_argument("--ceiling_s", type=float, default=20.0)
+    p.add_argument("--base_port", type=int, default=18800)
+    p.add_argument("--tag", default="pong_impala")
+    p.add_argument("--extra", nargs="*", default=[], help="more experiment.py flags")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+
+    steps_per_s = ceiling(a.level, a.actors, a.ceiling_s)
+    ceiling_fps = 4 * steps_per_s
+    print("ceiling: %d processes step %s at %.0f steps/s = %.0f frames/s"
+          % (a.actors, a.level, steps_per_s, ceiling_fps), flush=True)
+
+    logdir = tempfile.mkdtemp(prefix="pong_bench_")
+    flags = ["--level_name=" + a.level, "--agent_name=SimpleConvNetAgent",
+             "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
+             "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % (2 * a.batch_size),
+             "--total_environment_frames=%d" % a.frames, "--log_every_s=10",
+             "--entropy_cost=0.01", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
+    t0 = time.time()
+    with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
+        code = cluster.wait()
+    wall = time.time() - t0
+    rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    log_tail = open(os.path.join(logdir, "logs", "learner.log")).read().splitlines()[-4:]
+    shutil.rmtree(logdir, ignore_errors=True)
+    if code != 0 or not rows:
+        print("training failed (exit %s):\n%s" % (code, "\n".join(log_tail)))
+        return 1
+    fps = sorted(float(r["fps"]) for r in rows[1:] or rows)
+    median_fps = fps[len(fps) // 2]
+    ratio = median_fps / ceiling_fps
+
+    with open(os.path.join(a.out, a.tag + ".csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time_s", "frames", "fps", "mean_return_20", "episodes"])
+        for r in rows:
+            w.writerow([r["time_s"], r["frames"], r["fps"], r["mean_return_20"], r["episodes"]])
+    tb = summary["time_breakdown"]
+    lines = [
+        "# %s, IMPALA SimpleConvNetAgent, 1 learner + %d actors x %d envs (2-core CPU)" % (
+            a.level, a.actors, a.envs_per_actor), "",
+        "| figure | value |", "|---|---|",
+        "| raw env ceiling (%d processes, random actions) | %.0f frames/s |" % (a.actors, ceiling_fps),
+        "| end-to-end training, median | %.0f frames/s |" % median_fps,
+        "| ratio to ceiling (same run) | **%.2f** |" % ratio,
+        "| frames trained | %d in %.0f s (wall, with start-up %.0f s) |" % (
+            summary["frames"], summary["elapsed_s"], wall),
+        "| final mean return (last 20 games) | %.2f |" % summary["mean_return_20"],
+        "| learner: learning / publishing / waiting | %.0f%% / %.0f%% / %.0f%% |" % (
+            100 * tb["learner_learn_s"] / tb["elapsed_s"], 100 * tb["learner_publish_s"] / tb["elapsed_s"],
+            100 * tb["learner_wait_s"] / tb["elapsed_s"]),
+        "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
+            100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
+        "| bottleneck | %s |" % tb["bottleneck"], "",
+        "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d`" % (
+            a.frames, a.actors, a.envs_per_actor)]
+    with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        xs = [int(r["frames"]) / 1e6 for r in rows]
+        ax1.plot(xs, [float(r["mean_return_20"]) for r in rows])
+        ax1.set_xlabel("frames (M)")
+        ax1.set_ylabel("mean return, last 20 games")
+        ax1.set_title(a.level)
+        ax2.plot(xs, [float(r["fps"]) for r in rows], label="training fps")
+        ax2.axhline(ceiling_fps, color="k", ls="--", lw=0.8, label="raw env ceiling")
+        ax2.set_xlabel("frames (M)")
+        ax2.set_ylabel("frames/s")
+        ax2.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, a.tag + ".png"), dpi=100)
+    except ImportError:
+        pass
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""HalfCheetah-v5 learning curve of WALL-E's PPO within a budget of env steps.
+
+    .venv/bin/python bench/ppo_halfcheetah.py                          # kl variant, seed 0, 1M steps
+    .venv/bin/python bench/ppo_halfcheetah.py --variants kl clip --seeds 0 1 --budget 1000000
+    nice -n 10 .venv/bin/python bench/ppo_halfcheetah.py ... &         # on a shared machine
+
+Each (variant, seed) is one `ppo_parallel_main.py` run, stopped at --budget env
+steps (its logs under bench/results/ppo_halfcheetah_runs/). Variants:
+
+    kl         WALL-E: adaptive KL penalty + hinge, KL target 0.003, -b 1000 (its parallel command)
+    kl_b10000  the same with -b 10000 (its one-process command)
+    clip       clipped surrogate, -b 2048, 10 epochs of minibatch 64, lr 3e-4
+
+Score = return_last10, the mean return of the last 10 finished episodes. Writes
+bench/results/ppo_halfcheetah.csv (every run's curve), .png (score vs steps and
+vs wall time, mean and min-max band over seeds) and .md (one row per run:
+final and best score, steps and time to --target).
+"""
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+import plotcurve  # noqa: E402
+
+VARIANTS = {
+    "kl": ["--loss", "kl", "-b", "1000"],
+    "kl_b10000": ["--loss", "kl", "-b", "10000"],
+    "clip": ["--loss", "clip", "-b", "2048", "--clip_epochs", "10", "--clip_minibatch", "64"],
+}
+CURVE_FIELDS = ["variant", "seed", "iteration", "steps", "time", "return_mean", "return_last10",
+                "collect_time", "learn_time", "kl", "entropy"]
+SCORE = "return_last10"
+
+
+def read_rows(logdir):
+    path = os.path.join(logdir, "progress.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def summarise(variant, seed, rows, target, wall_s, status):
+    scored = [r for r in rows if r[SCORE] != ""]
+    hit = next((r for r in scored if float(r[SCORE]) >= target), None)
+    return {"variant": variant, "seed": seed, "exit_status": status,
+            "steps": int(rows[-1]["steps"]) if rows else 0,
+            "final_score": float(scored[-1][SCORE]) if scored else float("nan"),
+            "best_score": max((float(r[SCORE]) for r in scored), default=float("nan")),
+            "steps_to_target": int(hit["steps"]) if hit else -1,
+            "time_to_target_s": float(hit["time"]) if hit else float("nan"),
+            "wall_s": wall_s}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=["kl"], choices=sorted(VARIANTS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--budget", type=int, default=1_000_000, help="env steps per run")
+    p.add_argument("--target", type=float, default=3000.0, help="score to reach within the budget")
+    p.add_argument("-n", "--num_samplers", type=int, default=1, help="sampler processes per run")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--keep", action="store_true", help="keep earlier runs' folders (default: start afresh)")
+    a = p.parse_args()
+    if a.budget < 1 or a.num_samplers < 1:
+        p.error("--budget and -n/--num_samplers must be >= 1")
+
+    runs_dir = os.path.join(a.out, "ppo_halfcheetah_runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    summaries, curves = [], []
+    for variant in a.variants:
+        for seed in a.seeds:
+            logdir = os.path.join(runs_dir, f"{variant}_s{seed}")
+            if os.path.isdir(logdir) and not a.keep:
+                shutil.rmtree(logdir)
+            cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5",
+                   "-it", "1000000", "--max_steps", str(a.budget), "-n", str(a.num_samplers),
+                   "--seed", str(seed), "--logdir", logdir, "--quiet"] + VARIANTS[variant]
+            print(f"[{variant} seed {seed}] {' '.join(cmd[1:])}", flush=True)
+            t0 = time.time()
+            status = subprocess.call(cmd, cwd=ROOT)  # Ctrl-C reaches it too: it stops its samplers
+            rows = read_rows(logdir)
+            summaries.append(summarise(variant, seed, rows, a.target, time.time() - t0, status))
+            curves += [dict({k: r[k] for k in CURVE_FIELDS[2:]}, variant=variant, seed=seed) for r in rows]
+            s = summaries[-1]
+            print(f"[{variant} seed {seed}] exit {status}: {s['steps']} steps, final {s['final_score']:.0f}, "
+                  f"best {s['best_score']:.0f}, steps to {a.target:.0f}: {s['steps_to_target']}, "
+                  f"wall {s['wall_s']:.0f} s", flush=True)
+            if status == 130:
+                break
+
+    with open(os.path.join(a.out, "ppo_halfcheetah.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, CURVE_FIELDS)
+        w.writeheader()
+        w.writerows(curves)
+    lines = [f"# HalfCheetah-v5, WALL-E PPO, {a.budget} env steps per run, target {a.target:.0f} "
+             f"({SCORE}), -n {a.num_samplers}\n",
+             "| variant | seed | steps | final | best | steps to target | time to target (s) | wall (s) | exit |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['variant']} | {s['seed']} | {s['steps']} | {s['final_score']:.0f} | {s['best_score']:.0f} "
+                     f"| {s['steps_to_target'] if s['steps_to_target'] >= 0 else 'not reached'} "
+                     f"| {s['time_to_target_s']:.0f} | {s['wall_s']:.0f} | {s['exit_status']} |")
+    with open(os.path.join(a.out, "ppo_halfcheetah.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    fig, axes = plotcurve.plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, variant in enumerate(a.variants):
+        paths = [os.path.join(runs_dir, f"{variant}_s{seed}", "progress.csv") for seed in a.seeds]
+        paths = [x for x in paths if read_rows(os.path.dirname(x))]
+        for ax, x in zip(axes, ("steps", "time")):
+            if paths:
+                plotcurve.plot_runs(ax, paths, x, SCORE, variant, color=f"C{i}")
+    for ax, x in zip(axes, ("env steps", "wall time (s)")):
+        ax.axhline(a.target, color="gray", ls="--", alpha=0.6, label=f"target {a.target:.0f}")
+        ax.set_xlabel(x)
+        ax.set_ylabel(f"{SCORE} (mean of last 10 episodes)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.suptitle("HalfCheetah-v5, WALL-E PPO")
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "ppo_halfcheetah.png"), dpi=100)
+    print(f"wrote {a.out}/ppo_halfcheetah.csv, .md, .png")
+    return 0 if all(s["exit_status"] == 0 for s in summaries) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

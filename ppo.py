@@ -1,0 +1,423 @@
+"""WALL-E's PPO: the agent side (policy/value update, GAE, observation normaliser)
+and the training loop shared by ppo_main.py (-n 1) and ppo_parallel_main.py (-n N).
+
+One iteration:
+  1. params = agent.params(): policy weights + observation-normaliser stats + version
+  2. rollouts = samplers.collect(params, batch_size): exactly -b env steps in all
+  3. agent.update(rollouts, params):
+       obs normalised with the stats in params (what the samplers used)
+       GAE(gamma 0.995, lambda 0.98) on rewards * (1 - gamma), bootstrapping V at truncations
+       policy update: --loss kl (WALL-E; default) or --loss clip
+       value fit on this batch and the previous one (10 epochs, minibatch 256)
+       normaliser updated with this batch's raw observations -> next version
+
+--loss kl, as in the TRPO/PPO code WALL-E derives from: up to 20 full-batch
+Adam steps on
+    -mean(A * ratio) + beta * KL + 50 * max(0, KL - 2 * kl_targ)^2
+stopping early once KL > 4 * kl_targ; then beta (and the learning rate, when
+beta saturates) adapt so that KL stays near kl_targ (0.003).
+--loss clip: the clipped surrogate -mean(min(ratio * A, clip(ratio, 1 +- eps) * A)),
+--clip_epochs passes over shuffled minibatches of --clip_minibatch.
+
+Writes <logdir>/progress.csv (one row per iteration) and TensorBoard scalars.
+"""
+import argparse
+import csv
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+
+import envs
+import samplers as samplers_lib
+from nets.gaussian import GaussianPolicy, ValueNet, gaussian_entropy, gaussian_kl, gaussian_log_prob
+
+KL_HINGE_COEF = 50.0  # "eta": weight of the hinge on KL above 2 * kl_targ
+BETA_RANGE = (1.0 / 35.0, 35.0)
+LR_MULTIPLIER_RANGE = (0.1, 10.0)
+VALUE_MINIBATCH = 256
+PROGRESS_FIELDS = [
+    "iteration", "steps", "time", "episodes", "return_mean", "return_last10", "episode_length",
+    "collect_time", "learn_time", "collect_share", "learn_share", "steps_per_s",
+    "kl", "entropy", "beta", "lr_multiplier", "policy_epochs", "clip_fraction",
+    "policy_loss", "value_loss", "explained_variance", "version",
+]
+
+
+# ---------------------------------------------------------------------------
+# Observation normaliser and GAE (numpy).
+
+
+class RunningMeanStd:
+    """Running mean and variance of observations (parallel update of Chan et al.)."""
+
+    def __init__(self, dim):
+        self.mean = np.zeros(dim, np.float64)
+        self.var = np.ones(dim, np.float64)
+        self.count = 0
+
+    def update(self, x):
+        x = np.asarray(x, np.float64)
+        n, mean, var = len(x), x.mean(axis=0), x.var(axis=0)
+        if n == 0:
+            return
+        if self.count == 0:
+            self.mean, self.var, self.count = mean, var, n
+            return
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + var * n + delta ** 2 * self.count * n / total) / total
+        self.count = total
+
+    def std(self):
+        return np.sqrt(self.var + 1e-8)
+
+
+def compute_gae(rewards, values, next_values, dones, gamma, lam):
+    """Generalised advantage estimates for one time-ordered segment.
+
+    next_values[t]: V of the state after step t (0 where the episode terminated,
+    V(bootstrap obs) where it was truncated); dones[t]: the episode ended after
+    step t (terminated or truncated), which stops the lambda recursion.
+    Returns (advantages, returns = advantages + values).
+    """
+    deltas = rewards + gamma * next_values - values
+    advantages = np.zeros(len(rewards), np.float64)
+    running = 0.0
+    for t in reversed(range(len(rewards))):
+        running = deltas[t] + gamma * lam * (1.0 - dones[t]) * running
+        advantages[t] = running
+    return advantages.astype(np.float32), (advantages + values).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# The agent.
+
+
+class PPO:
+
+    def __init__(self, obs_dim, act_dim, args):
+        self.args = args
+        tf.random.set_seed(args.seed)
+        self.rng = np.random.default_rng(args.seed)
+        self.policy = GaussianPolicy(obs_dim, act_dim, hid_mult=args.hid_mult, init_logvar=args.init_logvar)
+        self.value = ValueNet(obs_dim, hid_mult=args.hid_mult)
+        self.normaliser = RunningMeanStd(obs_dim)
+        default_lr = 9e-4 / math.sqrt(self.policy.widths[1]) if args.loss == "kl" else 3e-4
+        self.base_lr = args.policy_lr or default_lr
+        self.lr = tf.Variable(self.base_lr, trainable=False, dtype=tf.float32)
+        self.policy_opt = snt.optimizers.Adam(self.lr)
+        self.value_opt = snt.optimizers.Adam(args.value_lr or (1e-2 / math.sqrt(self.value.widths[1])))
+        self.beta, self.lr_multiplier, self.version = 1.0, 1.0, 0
+        self.previous = None  # last batch's (obs, value targets): replayed in the value fit
+        self._kl_step = tf.function(self._kl_step_impl, reduce_retracing=True)
+        self._clip_step = tf.function(self._clip_step_impl, reduce_retracing=True)
+        self._value_step = tf.function(self._value_step_impl, reduce_retracing=True)
+        self._policy_stats = tf.function(self._policy_stats_impl, reduce_retracing=True)
+        self._values = tf.function(self.value, reduce_retracing=True)
+        self._policy_dist = tf.function(self.policy, reduce_retracing=True)
+
+    def params(self):
+        """What the samplers need: numpy weights, normaliser stats and the version."""
+        return dict(self.policy.numpy_params(), version=self.version,
+                    obs_mean=self.normaliser.mean.astype(np.float32),
+                    obs_std=self.normaliser.std().astype(np.float32))
+
+    # -- losses, one tf.function step each --------------------------------
+
+    def _policy_stats_impl(self, obs, act, adv, old_mean, old_logvar, old_logp):
+        mean, logvar = self.policy(obs)
+        ratio = tf.exp(gaussian_log_prob(act, mean, logvar) - old_logp)
+        kl = tf.reduce_mean(gaussian_kl(old_mean, old_logvar, mean, logvar))
+        clipped = tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > self.args.clip, tf.float32))
+        return kl, gaussian_entropy(logvar), -tf.reduce_mean(adv * ratio), clipped
+
+    def _kl_step_impl(self, obs, act, adv, old_mean, old_logvar, old_logp, beta):
+        kl_targ = self.args.kl_targ
+        with tf.GradientTape() as tape:
+            mean, logvar = self.policy(obs)
+            ratio = tf.exp(gaussian_log_prob(act, mean, logvar) - old_logp)
+            kl = tf.reduce_mean(gaussian_kl(old_mean, old_logvar, mean, logvar))
+            loss = (-tf.reduce_mean(adv * ratio) + beta * kl
+                    + KL_HINGE_COEF * tf.square(tf.maximum(0.0, kl - 2.0 * kl_targ)))
+        variables = self.policy.trainable_variables
+        self.policy_opt.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    def _clip_step_impl(self, obs, act, adv, old_logp):
+        eps = self.args.clip
+        with tf.GradientTape() as tape:
+            mean, logvar = self.policy(obs)
+            ratio = tf.exp(gaussian_log_prob(act, mean, logvar) - old_logp)
+            surrogate = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1.0 - eps, 1.0 + eps) * adv)
+            loss = -tf.reduce_mean(surrogate) - self.args.ent_coef * gaussian_entropy(logvar)
+        variables = self.policy.trainable_variables
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), self.args.max_grad_norm)
+        self.policy_opt.apply(grads, variables)
+        return loss
+
+    def _value_step_impl(self, obs, targets):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self.value(obs) - targets))
+        variables = self.value.trainable_variables
+        self.value_opt.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    # -- one update from one iteration's rollouts ---------------------------
+
+    def _advantages(self, rollouts, params):
+        """Normalised obs, actions, advantages and value targets, over all rollouts."""
+        gamma, lam = self.args.gamma, self.args.lam
+        parts = []
+        for r in rollouts:
+            obs = samplers_lib.normalise_obs(r["obs"], params["obs_mean"], params["obs_std"])
+            values = self._values(obs).numpy()
+            next_values = np.zeros_like(values)
+            next_values[:-1] = values[1:]
+            next_values[r["terminated"]] = 0.0
+            if len(r["bootstrap_obs"]):
+                boot = samplers_lib.normalise_obs(r["bootstrap_obs"], params["obs_mean"], params["obs_std"])
+                next_values[r["truncated"]] = self._values(boot).numpy()
+            dones = (r["terminated"] | r["truncated"]).astype(np.float32)
+            if not dones[-1]:
+                raise ValueError(f"rollout of sampler {r['rank']} does not end terminated or truncated")
+            adv, ret = compute_gae(r["reward"] * (1.0 - gamma), values, next_values, dones, gamma, lam)
+            parts.append((obs, r["action"], adv, ret, values))
+        return [np.concatenate(x) for x in zip(*parts)]
+
+    def update(self, rollouts, params):
+        args = self.args
+        for r in rollouts:
+            if r["version"] != params["version"]:
+                raise ValueError(f"rollout of sampler {r['rank']} has policy version {r['version']}, "
+                                 f"expected {params['version']}")
+        obs, act, adv, ret, values = self._advantages(rollouts, params)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-6)
+        old_mean, old_logvar = (t.numpy() for t in self._policy_dist(obs))
+        old_logp = gaussian_log_prob(act, old_mean, old_logvar).numpy()
+        batch = [tf.constant(x) for x in (obs, act, adv, old_mean, old_logvar, old_logp)]
+        self.lr.assign(self.base_lr * self.lr_multiplier)
+
+        epochs_run = 0
+        if args.loss == "kl":
+            for _ in range(args.policy_epochs):
+                self._kl_step(*batch, tf.constant(self.beta, tf.float32))
+                epochs_run += 1
+                kl = float(self._policy_stats(*batch)[0])
+                if kl > 4.0 * args.kl_targ:
+                    break  # far past the target: stop early
+            if kl > 2.0 * args.kl_targ:
+                self.beta = min(BETA_RANGE[1], 1.5 * self.beta)
+                if self.beta > 30.0 and self.lr_multiplier > LR_MULTIPLIER_RANGE[0]:
+                    self.lr_multiplier /= 1.5
+            elif kl < 0.5 * args.kl_targ:
+                self.beta = max(BETA_RANGE[0], self.beta / 1.5)
+                if self.beta < 1.0 / 30.0 and self.lr_multiplier < LR_MULTIPLIER_RANGE[1]:
+                    self.lr_multiplier *= 1.5
+        else:
+            n, size = len(obs), min(args.clip_minibatch, len(obs))
+            for _ in range(args.clip_epochs):
+                order = self.rng.permutation(n)
+                for start in range(0, n - size + 1, size):
+                    idx = order[start:start + size]
+                    self._clip_step(*(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))
+                epochs_run += 1
+                if args.target_kl and float(self._policy_stats(*batch)[0]) > args.target_kl:
+                    break
+        kl, entropy, policy_loss, clip_fraction = (float(x) for x in self._policy_stats(*batch))
+
+        value_loss = self._fit_value(obs, ret)
+        explained = 1.0 - np.var(ret - values) / (np.var(ret) + 1e-8)
+        self.normaliser.update(np.concatenate([r["obs"] for r in rollouts]))
+        self.version += 1
+        return {"kl": kl, "entropy": entropy, "beta": self.beta, "lr_multiplier": self.lr_multiplier,
+                "policy_epochs": epochs_run, "clip_fraction": clip_fraction, "policy_loss": policy_loss,
+                "value_loss": value_loss, "explained_variance": float(explained)}
+
+    def _fit_value(self, obs, targets):
+        """Minibatch regression on this batch plus the previous one."""
+        x, y = obs, targets
+        if self.previous is not None:
+            x, y = np.concatenate([obs, self.previous[0]]), np.concatenate([targets, self.previous[1]])
+        self.previous = (obs, targets)
+        num_batches = max(len(x) // VALUE_MINIBATCH, 1)
+        size = len(x) // num_batches
+        x, y = tf.constant(x), tf.constant(y)
+        losses = []
+        for _ in range(self.args.value_epochs):
+            order = self.rng.permutation(len(x))
+            for b in range(num_batches):
+                idx = order[b * size:(b + 1) * size]
+                losses.append(float(self._value_step(tf.gather(x, idx), tf.gather(y, idx))))
+        return float(np.mean(losses[-num_batches:]))
+
+
+# ---------------------------------------------------------------------------
+# Flags and the training loop.
+
+
+def add_arguments(parser, default_batch_size, default_num_samplers):
+    parser.add_argument("env_name", help="gymnasium id of a continuous-action env, e.g. HalfCheetah-v5")
+    parser.add_argument("-it", "--iterations", type=int, default=1000, help="training iterations")
+    parser.add_argument("-b", "--batch_size", type=int, default=default_batch_size,
+                        help="env steps collected per iteration, over all samplers together")
+    parser.add_argument("-n", "--num_samplers", type=int, default=default_num_samplers,
+                        help="1: the agent collects itself; N >= 2: N sampler processes")
+    parser.add_argument("--max_steps", type=int, default=0, help="collect at most this many env steps in all (0: no limit)")
+    parser.add_argument("-g", "--gamma", type=float, default=0.995)
+    parser.add_argument("-l", "--lam", type=float, default=0.98, help="GAE lambda")
+    parser.add_argument("--loss", choices=("kl", "clip"), default="kl",
+                        help="kl: WALL-E's adaptive KL penalty + hinge; clip: clipped surrogate")
+    parser.add_argument("-k", "--kl_targ", type=float, default=0.003, help="KL target (--loss kl)")
+    parser.add_argument("--policy_epochs", type=int, default=20, help="full-batch steps at most (--loss kl)")
+    parser.add_argument("--clip", type=float, default=0.2, help="ratio clip epsilon (--loss clip)")
+    parser.add_argument("--clip_epochs", type=int, default=10, help="passes over the batch (--loss clip)")
+    parser.add_argument("--clip_minibatch", type=int, default=64, help="minibatch size (--loss clip)")
+    parser.add_argument("--target_kl", type=float, default=0.0, help="stop passes above this KL (--loss clip; 0: off)")
+    parser.add_argument("--ent_coef", type=float, default=0.0, help="entropy bonus (--loss clip)")
+    parser.add_argument("--max_grad_norm", type=float, default=0.5, help="gradient clipping (--loss clip)")
+    parser.add_argument("--policy_lr", type=float, default=0.0,
+                        help="0: 9e-4 / sqrt(hid2) for --loss kl, 3e-4 for --loss clip")
+    parser.add_argument("--value_lr", type=float, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
+    parser.add_argument("--value_epochs", type=int, default=10)
+    parser.add_argument("--hid_mult", type=int, default=10, help="hidden width multiplier")
+    parser.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance")
+    parser.add_argument("--seed", type=int, default=0, help="sampler k uses seed + k")
+    parser.add_argument("--logdir", default="", help="run folder (default results/ppo_<env>_<unix time>)")
+    parser.add_argument("--sampler_timeout", type=float, default=600.0,
+                        help="seconds without a message before a live sampler counts as stuck")
+    parser.add_argument("--quiet", action="store_true", help="no per-iteration console line")
+    return parser
+
+
+def check_arguments(parser, args):
+    """One clear error per bad flag (argparse exits with status 2)."""
+    positive = ["iterations", "batch_size", "num_samplers", "policy_epochs", "clip_epochs",
+                "clip_minibatch", "value_epochs", "hid_mult"]
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("gamma", "lam"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
+    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
+    for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if 0 < args.max_steps < args.batch_size:
+        parser.error(f"--max_steps ({args.max_steps}) must be 0 (no limit) or >= -b/--batch_size ({args.batch_size})")
+    if args.batch_size < args.num_samplers:
+        parser.error(f"-b/--batch_size ({args.batch_size}) must be >= -n/--num_samplers "
+                     f"({args.num_samplers}): every sampler needs at least one step")
+    try:
+        spec = envs.env_spec(args.env_name)
+    except envs.UnknownEnvError as e:
+        parser.error(str(e))
+    if spec.discrete or len(spec.obs_shape) != 1:
+        parser.error(f"env {args.env_name!r} has {'discrete actions' if spec.discrete else 'image observations'}; "
+                     f"this PPO needs vector observations and continuous actions (e.g. HalfCheetah-v5, Pendulum-v1)")
+    return spec
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _fmt(x):
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else (
+        f"{x:.6g}" if isinstance(x, float) else str(x))
+
+
+def train(args, spec):
+    """Runs the training loop; returns the process exit status (0 ok, 1 sampler failure, 130 interrupted)."""
+    logdir = args.logdir or os.path.join(
+        "results", f"ppo_{args.env_name.replace('/', '_')}_{int(time.time())}")
+    os.makedirs(logdir, exist_ok=True)
+    with open(os.path.join(logdir, "flags.txt"), "w") as f:
+        f.write("\n".join(f"{k}={v}" for k, v in sorted(vars(args).items())) + "\n")
+    old_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # kill <pid> stops as cleanly as Ctrl-C
+    agent = PPO(spec.obs_shape[0], spec.action_dim, args)
+    writer = tf.summary.create_file_writer(logdir)
+    csv_file = open(os.path.join(logdir, "progress.csv"), "w", newline="")
+    progress = csv.DictWriter(csv_file, PROGRESS_FIELDS)
+    progress.writeheader()
+    samplers, status = None, 0
+    try:
+        samplers = samplers_lib.make_samplers(args.env_name, args.num_samplers, args.seed, args.sampler_timeout)
+        if any(info and info["tensorflow_imported"] for info in getattr(samplers, "info", [])):
+            print("warning: TensorFlow got imported in the sampler processes (a module-level import in "
+                  "the main script?); they work, but start slower and use more memory", file=sys.stderr)
+        print(f"PPO ({args.loss}) on {args.env_name}: {args.num_samplers} sampler(s), {args.batch_size} "
+              f"steps/iteration, policy {agent.policy.widths}, value {agent.value.widths}, logdir {logdir}",
+              flush=True)
+        steps, recent, t_start = 0, [], time.time()
+        for iteration in range(1, args.iterations + 1):
+            params = agent.params()
+            t0 = time.perf_counter()
+            rollouts = samplers.collect(params, args.batch_size)
+            t1 = time.perf_counter()
+            stats = agent.update(rollouts, params)
+            t2 = time.perf_counter()
+            collect_time, learn_time = t1 - t0, t2 - t1
+            returns = [x for r in rollouts for x in r["episode_returns"]]
+            lengths = [x for r in rollouts for x in r["episode_lengths"]]
+            recent = (recent + returns)[-10:]
+            steps += sum(len(r["reward"]) for r in rollouts)
+            row = dict(stats, iteration=iteration, steps=steps, time=time.time() - t_start,
+                       episodes=len(returns), version=params["version"],
+                       return_mean=float(np.mean(returns)) if returns else None,
+                       return_last10=float(np.mean(recent)) if recent else None,
+                       episode_length=float(np.mean(lengths)) if lengths else None,
+                       collect_time=collect_time, learn_time=learn_time,
+                       collect_share=collect_time / (collect_time + learn_time),
+                       learn_share=learn_time / (collect_time + learn_time),
+                       steps_per_s=args.batch_size / (collect_time + learn_time))
+            progress.writerow({k: _fmt(row[k]) for k in PROGRESS_FIELDS})
+            csv_file.flush()
+            with writer.as_default(step=steps):
+                for k in PROGRESS_FIELDS:
+                    if k not in ("iteration", "steps") and row[k] is not None:
+                        tf.summary.scalar(k, row[k])
+            if not args.quiet:
+                ret = f"{row['return_mean']:9.1f} ({len(returns)} ep)" if returns else f"{'-':>9} (0 ep)"
+                print(f"it {iteration:5d} | steps {steps:9d} | return {ret} | last10 "
+                      f"{_fmt(row['return_last10']) or '-':>8} | collect {collect_time:6.2f}s "
+                      f"({100 * row['collect_share']:3.0f}%) | learn {learn_time:6.2f}s | kl {stats['kl']:.4f} "
+                      f"| ent {stats['entropy']:6.2f} | beta {stats['beta']:.3g}", flush=True)
+            if args.max_steps and steps + args.batch_size > args.max_steps:
+                break  # the next iteration would go past the step budget
+    except KeyboardInterrupt:
+        print("interrupted: stopping the samplers", file=sys.stderr, flush=True)
+        status = 130
+    except samplers_lib.SamplerError as e:
+        print(f"error: {e}\nstopping the run", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        if samplers is not None:
+            samplers.close()
+        csv_file.close()
+        writer.close()
+        signal.signal(signal.SIGTERM, old_sigterm)
+    return status
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the script's docstring as written and shows each flag's default."""
+
+
+def main(argv, description, default_batch_size, default_num_samplers, allow_num_samplers=True):
+    parser = argparse.ArgumentParser(description=description, formatter_class=_HelpFormatter)
+    add_arguments(parser, default_batch_size, default_num_samplers)
+    args = parser.parse_args(argv)
+    if not allow_num_samplers and args.num_samplers != 1:
+        parser.error("ppo_main.py runs one process (-n 1); use ppo_parallel_main.py for -n N")
+    spec = check_arguments(parser, args)
+    return train(args, spec)

@@ -1,0 +1,20 @@
+"""WALL-E's PPO in one process: the agent collects its own experience.
+
+    python ppo_main.py HalfCheetah-v5 -it 1000 -b 10000
+
+Logs go to results/ppo_<env>_<unix time>/ (progress.csv and TensorBoard events;
+--logdir to choose). See ppo.py for the algorithm and all flags (--help).
+"""
+import os
+import sys
+
+
+def main():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import ppo  # TensorFlow loads here, not at module level (as in ppo_parallel_main.py)
+    return ppo.main(sys.argv[1:], __doc__, default_batch_size=10000, default_num_samplers=1,
+                    allow_num_samplers=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""A throw-away OpenSSH server for the frontend tests.
+
+It listens on 127.0.0.2 (an address of the loopback network that is not assigned to
+an interface, so workers_csv treats it as a remote host and the frontend goes through
+SSH), with a fresh host key, and lets root log in with a fresh client key only. It
+sets TMUX_TMPDIR for its logins, so tmux "on the remote host" is a tmux server of its
+own, apart from the local one, as on a real second machine.
+
+Needs root (sshd drops privileges per login) and /usr/sbin/sshd (openssh-server,
+installed by install.sh).
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+SSHD = "/usr/sbin/sshd"
+ADDRESS = "127.0.0.2"
+
+
+def free_port(address="127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def available() -> str:
+    """'' if an sshd can be started here, else the reason it cannot."""
+    if not os.path.exists(SSHD):
+        return f"{SSHD} is not installed (apt-get install openssh-server)"
+    if os.geteuid() != 0:
+        return "sshd for the tests must run as root"
+    if not shutil.which("ssh-keygen"):
+        return "ssh-keygen is not installed (apt-get install openssh-client)"
+    return ""
+
+
+class Sshd:
+    def __init__(self, workdir):
+        self.dir = os.path.abspath(workdir)
+        os.makedirs(self.dir, exist_ok=True)
+        self.address = ADDRESS
+        self.port = free_port(ADDRESS)
+        self.host_key = os.path.join(self.dir, "ssh_host_ed25519_key")
+        self.client_key = os.path.join(self.dir, "id_ed25519")
+        self.known_hosts = os.path.join(self.dir, "known_hosts")
+        self.tmux_tmpdir = os.path.join(self.dir, "tmux")  # the "remote" tmux servers live here
+        self.proc = None
+        self._made_run_dir = False
+
+    def start(self):
+        for key in (self.host_key, self.client_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "impala-test", "-f", key],
+                           check=True)
+        authorized = os.path.join(self.dir, "authorized_keys")
+        shutil.copy(self.client_key + ".pub", authorized)
+        os.chmod(authorized, 0o600)
+        os.makedirs(self.tmux_tmpdir, mode=0o700, exist_ok=True)
+        with open(self.host_key + ".pub") as f:
+            key_type, key_b64 = f.read().split()[:2]
+        with open(self.known_hosts, "w") as f:  # a known_hosts that trusts this server
+            f.write(f"[{self.address}]:{self.port} {key_type} {key_b64}\n")
+        config = os.path.join(self.dir, "sshd_config")
+        with open(config, "w") as f:
+            f.write(f"""Port {self.port}
+ListenAddress {self.address}
+HostKey {self.host_key}
+PidFile {os.path.join(self.dir, 'sshd.pid')}
+AuthorizedKeysFile {authorized}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes no
+SetEnv TMUX_TMPDIR={self.tmux_tmpdir}
+""")
+        if not os.path.isdir("/run/sshd"):  # sshd's privilege-separation directory
+            os.makedirs("/run/sshd", mode=0o755)
+            self._made_run_dir = True
+        self.log = open(os.path.join(self.dir, "sshd.log"), "w")
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {open(self.log.name).read()}")
+            try:
+                with socket.create_connection((self.address, self.port), timeout=1) as s:
+                    if s.recv(64).startswith(b"SSH-"):
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("sshd did not start listening within 10 s")
+
+    def tmux(self, *args):
+        """Run tmux against the "remote" host's tmux servers."""
+        return subprocess.run(["tmux", *args], capture_output=True, text=True,
+                              env=dict(os.environ, TMUX_TMPDIR=self.tmux_tmpdir))
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc is not None:
+            self.log.close()
+        if self._made_run_dir:
+            try:
+                os.rmdir("/run/sshd")
+            except OSError:
+                pass

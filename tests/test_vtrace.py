@@ -1,0 +1,154 @@
+"""vtrace.py against a direct numpy transcription of equation 1 (the sum form)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import vtrace
+
+
+def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
+                     clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0):
+    """v_s = V(x_s) + sum_{t>=s} (prod_{i=s}^{t-1} gamma_i c_i) rho_t delta_t, literally."""
+    T = log_rhos.shape[0]
+    rhos = np.exp(log_rhos)
+    clipped = rhos if clip_rho_threshold is None else np.minimum(clip_rho_threshold, rhos)
+    pg_rhos = rhos if clip_pg_rho_threshold is None else np.minimum(clip_pg_rho_threshold,
+                                                                      rhos)
+    cs = np.minimum(1.0, rhos)
+    values_next = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
+    vs = np.zeros_like(values)
+    for s in range(T):
+        total = values[s].copy()
+        for t in range(s, T):
+            weight = np.ones_like(values[s])
+            for i in range(s, t):
+                weight = weight * discounts[i] * cs[i]
+            delta = clipped[t] * (rewards[t] + discounts[t] * values_next[t] - values[t])
+            total = total + weight * delta
+        vs[s] = total
+    vs_next = np.concatenate([vs[1:], bootstrap_value[None]], axis=0)
+    pg_adv = pg_rhos * (rewards + discounts * vs_next - values)
+    return vs, pg_adv
+
+
+def random_inputs(rng, T, B, done_prob=0.2):
+    log_rhos = rng.normal(0, 1.0, size=(T, B)).astype(np.float32)
+    discounts = (0.99 * (rng.random((T, B)) > done_prob)).astype(np.float32)
+    rewards = rng.normal(0, 1, size=(T, B)).astype(np.float32)
+    values = rng.normal(0, 1, size=(T, B)).astype(np.float32)
+    bootstrap = rng.normal(0, 1, size=(B,)).astype(np.float32)
+    return log_rhos, discounts, rewards, values, bootstrap
+
+
+@pytest.mark.parametrize("T,B", [(1, 1), (1, 4), (5, 3), (20, 8), (40, 2)])
+@pytest.mark.parametrize("clip_rho,clip_pg", [(1.0, 1.0), (None, None), (2.0, 0.5),
+                                              (None, 1.0)])
+def test_matches_numpy_sum_form(T, B, clip_rho, clip_pg):
+    rng = np.random.default_rng(T * 100 + B)
+    inputs = random_inputs(rng, T, B)
+    out = vtrace.from_importance_weights(*inputs, clip_rho_threshold=clip_rho,
+                                         clip_pg_rho_threshold=clip_pg)
+    ref_vs, ref_adv = reference_vtrace(*[x.astype(np.float64) for x in inputs],
+                                       clip_rho_threshold=clip_rho,
+                                       clip_pg_rho_threshold=clip_pg)
+    np.testing.assert_allclose(out.vs.numpy(), ref_vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.pg_advantages.numpy(), ref_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_episode_end_cuts_the_trace():
+    """With gamma_s = 0, v_s depends only on r_s and V(x_s): nothing after the end leaks in."""
+    rng = np.random.default_rng(0)
+    log_rhos, discounts, rewards, values, bootstrap = random_inputs(rng, 6, 3, done_prob=0)
+    discounts[2, :] = 0.0
+    a = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap)
+    rewards2, values2, bootstrap2 = rewards.copy(), values.copy(), bootstrap + 100.0
+    rewards2[3:] += 50.0
+    values2[3:] -= 20.0
+    b = vtrace.from_importance_weights(log_rhos, discounts, rewards2, values2, bootstrap2)
+    np.testing.assert_allclose(a.vs.numpy()[:3], b.vs.numpy()[:3], atol=1e-5)
+    rho = np.minimum(1.0, np.exp(log_rhos[2]))
+    np.testing.assert_allclose(a.vs.numpy()[2], values[2] + rho * (rewards[2] - values[2]),
+                               atol=1e-5)
+
+
+def test_on_policy_gives_n_step_returns():
+    """pi == mu: rho = c = 1, so v_s is the discounted n-step return bootstrapped by V(x_T)."""
+    rng = np.random.default_rng(1)
+    T, B = 7, 4
+    _, discounts, rewards, values, bootstrap = random_inputs(rng, T, B)
+    out = vtrace.from_importance_weights(np.zeros((T, B), np.float32), discounts, rewards,
+                                         values, bootstrap)
+    ret = bootstrap.astype(np.float64)
+    expected = np.zeros((T, B))
+    for s in reversed(range(T)):
+        ret = rewards[s] + discounts[s] * ret
+        expected[s] = ret
+    np.testing.assert_allclose(out.vs.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_from_logits_matches_importance_weights_and_log_probs():
+    rng = np.random.default_rng(2)
+    T, B, A = 9, 5, 4
+    behaviour = rng.normal(size=(T, B, A)).astype(np.float32)
+    target = rng.normal(size=(T, B, A)).astype(np.float32)
+    actions = rng.integers(0, A, size=(T, B)).astype(np.int32)
+    _, discounts, rewards, values, bootstrap = random_inputs(rng, T, B)
+    out = vtrace.from_logits(behaviour, target, actions, discounts, rewards, values, bootstrap)
+
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    pick = lambda logp: np.take_along_axis(logp, actions[..., None], -1)[..., 0]
+    target_lp = pick(log_softmax(target.astype(np.float64)))
+    behaviour_lp = pick(log_softmax(behaviour.astype(np.float64)))
+    np.testing.assert_allclose(out.target_action_log_probs.numpy(), target_lp, atol=1e-5)
+    np.testing.assert_allclose(out.behaviour_action_log_probs.numpy(), behaviour_lp, atol=1e-5)
+    np.testing.assert_allclose(out.log_rhos.numpy(), target_lp - behaviour_lp, atol=1e-5)
+    ref_vs, ref_adv = reference_vtrace(target_lp - behaviour_lp, discounts, rewards, values,
+                                       bootstrap)
+    np.testing.assert_allclose(out.vs.numpy(), ref_vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.pg_advantages.numpy(), ref_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_works_inside_tf_function_and_blocks_gradients():
+    rng = np.random.default_rng(3)
+    log_rhos, discounts, rewards, values, bootstrap = random_inputs(rng, 8, 3)
+    values_var = tf.Variable(values)
+
+    @tf.function
+    def f():
+        with tf.GradientTape() as tape:
+            out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values_var,
+                                                 bootstrap)
+            loss = tf.reduce_sum(out.vs) + tf.reduce_sum(out.pg_advantages)
+        return out.vs, tape.gradient(loss, values_var)
+
+    vs, grad = f()
+    ref_vs, _ = reference_vtrace(log_rhos, discounts, rewards, values, bootstrap)
+    np.testing.assert_allclose(vs.numpy(), ref_vs, rtol=1e-5, atol=1e-5)
+    assert grad is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(bootstrap_value=np.zeros((2, 3), np.float32)), "bootstrap_value"),
+    (dict(rewards=np.zeros((4,), np.float32)), "rewards"),
+    (dict(clip_rho_threshold=0.0), "clip_rho_threshold"),
+    (dict(clip_pg_rho_threshold=-1.0), "clip_pg_rho_threshold"),
+])
+def test_bad_shapes_and_thresholds_are_named(kwargs, match):
+    args = dict(log_rhos=np.zeros((4, 3), np.float32), discounts=np.ones((4, 3), np.float32),
+                rewards=np.zeros((4, 3), np.float32), values=np.zeros((4, 3), np.float32),
+                bootstrap_value=np.zeros((3,), np.float32))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        vtrace.from_importance_weights(**args)
+
+
+def test_bad_logits_rank_is_named():
+    with pytest.raises(ValueError, match="NUM_ACTIONS"):
+        vtrace.from_logits(np.zeros((4, 3), np.float32), np.zeros((4, 3, 2), np.float32),
+                           np.zeros((4, 3), np.int32), np.ones((4, 3), np.float32),
+                           np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32),
+                           np.zeros((3,), np.float32))

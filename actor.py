@@ -6,6 +6,7 @@ Time is accounted in three buckets and sent with each unroll, so the learner
 can say where time goes: env stepping, policy inference, transfer (enqueue,
 including time blocked on a full queue, and weight reads).
 """
+import os
 import queue
 import signal
 import threading
@@ -117,6 +118,24 @@ class Sender:
             pass
 
 
+def _connect(client, timeout_s, stopper, log):
+    """client.connect in a helper thread: creating a gRPC session to an unreachable
+    host can block inside TF's C++ code, where Python signal handlers do not run.
+    The main thread waits here instead, so Ctrl-C/SIGTERM always end the actor."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(ok=client.connect(timeout_s, stopper, log)),
+                              daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        if stopper() and thread.is_alive():
+            thread.join(2.0)
+            if thread.is_alive():
+                log("actor: stopped while still connecting to %s; exiting" % client.target)
+                os._exit(0)
+    return result.get("ok", False)
+
+
 def run(flags, task, log=print):
     learner_hosts = flags.learner_hosts
     learner = learner_hosts[task % len(learner_hosts)]
@@ -131,7 +150,7 @@ def run(flags, task, log=print):
                 for i in range(E)]
     client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)
     log("actor %d: %d x %s, agent %s, learner %s" % (task, E, flags.level_name, flags.agent_name, learner))
-    if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
+    if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
         _close(env_list)
         return 0 if stopper() else 3
 
@@ -153,7 +172,7 @@ def run(flags, task, log=print):
                 tf.errors.FailedPreconditionError, tf.errors.NotFoundError):
             log("actor %d: learner %s unreachable, reconnecting" % (task, learner))
             client.reset()
-            if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
+            if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
                 break
             continue
         timing[2] += time.perf_counter() - t0
@@ -200,7 +219,7 @@ def run(flags, task, log=print):
             log("actor %d: lost learner %s, reconnecting" % (task, learner))
             sender.close()
             client.reset()
-            if not client.connect(flags.actor_reconnect_timeout_s, stopper, log):
+            if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
                 break
             sender = Sender(client, stopper)
     sender.drain()
@@ -208,6 +227,75 @@ def run(flags, task, log=print):
     _close(env_list)
     client.reset()
     log("actor %d: stopped after %d unrolls" % (task, sender.sent))
+    return 0
+
+
+def run_evaluator(flags, logdir, log=print):
+    """The test worker: every --test_every_s it loads the newest published weights
+    of learner 0 and plays --test_num_episodes episodes greedily (argmax of the
+    policy, no exploration noise), recording evaluation returns apart from the
+    training returns: <logdir>/eval.csv and TensorBoard scalars eval/*."""
+    stopper = Stopper()
+    agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length)
+    set_weights = make_weight_setter(agent.trainable_variables)
+
+    @tf.function
+    def greedy(o, f, s):
+        out, s = agent(o, f, s)
+        return tf.argmax(out.policy_logits, axis=-1, output_type=tf.int32), s
+
+    env = envs.make_env(flags.level_name, seed=flags.seed + 777, training=False)
+    client = transport.ActorClient(flags.learner_hosts[0], spec, flags.queue_capacity, flags.batch_size)
+    log("evaluator: %s, %d episodes every %.0f s, learner %s"
+        % (flags.level_name, flags.test_num_episodes, flags.test_every_s, flags.learner_hosts[0]))
+    if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
+        env.close()
+        return 0 if stopper() else 3
+    os.makedirs(logdir, exist_ok=True)
+    path = os.path.join(logdir, "eval.csv")
+    new_file = not os.path.exists(path)
+    out_csv = open(path, "a", buffering=1)
+    if new_file:
+        out_csv.write("time,policy_version,episodes,mean_return,std_return,mean_length\n")
+    writer = tf.summary.create_file_writer(os.path.join(logdir, "eval"))
+    rounds = 0
+    while not stopper():
+        try:
+            new = client.fetch_weights_if_new()
+        except (tf.errors.OpError,):
+            log("evaluator: learner gone; exiting")
+            break
+        if new is not None:
+            set_weights(tf.constant(new[1]))
+        returns, lengths = [], []
+        obs, _ = env.reset()
+        first, state = True, agent.initial_state(1)
+        while len(returns) < flags.test_num_episodes and not stopper():
+            action, state = greedy(tf.constant(obs[None]), tf.constant([first]), state)
+            obs, _, terminated, truncated, info = env.step(int(action.numpy()[0]))
+            first = terminated or truncated
+            if first:
+                obs, _ = env.reset()
+            if "episode" in info:
+                returns.append(float(np.asarray(info["episode"]["r"])))
+                lengths.append(int(np.asarray(info["episode"]["l"])))
+        if len(returns) == flags.test_num_episodes:
+            rounds += 1
+            out_csv.write("%.1f,%d,%d,%.3f,%.3f,%.1f\n" % (time.time(), client.version, len(returns),
+                          np.mean(returns), np.std(returns), np.mean(lengths)))
+            with writer.as_default(step=client.version):
+                tf.summary.scalar("eval/mean_return", float(np.mean(returns)))
+                tf.summary.scalar("eval/mean_length", float(np.mean(lengths)))
+            log("evaluator: policy version %d: greedy return %.2f +- %.2f over %d episodes"
+                % (client.version, np.mean(returns), np.std(returns), len(returns)))
+        t_next = time.time() + flags.test_every_s
+        while time.time() < t_next and not stopper():
+            time.sleep(0.2)
+    out_csv.close()
+    writer.close()
+    env.close()
+    client.reset()
+    log("evaluator: stopped after %d evaluation rounds" % rounds)
     return 0
 
 

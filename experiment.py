@@ -28,7 +28,10 @@ flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load"], "Training,
                   "training resumed from --load_model_url.")
 flags.DEFINE_string("load_model_url", None, "A run folder or checkpoint prefix to resume or test.")
 flags.DEFINE_integer("test_num_episodes", 10, "Episodes played in --mode=test.")
-flags.DEFINE_enum("job_name", "learner", ["learner", "actor"], "Which worker this process is.")
+flags.DEFINE_enum("job_name", "learner", ["learner", "actor", "evaluator"],
+                  "Which worker this process is. evaluator: the test worker, which plays the "
+                  "current policy greedily every --test_every_s (eval.csv, TensorBoard eval/).")
+flags.DEFINE_float("test_every_s", 60.0, "Seconds between the evaluator's rounds.")
 flags.DEFINE_integer("task", 0, "Actor index into --actor_hosts (actors only).")
 flags.DEFINE_list("learner_hosts", ["127.0.0.1:8001"], "host:port of each learner rank's server.")
 flags.DEFINE_list("actor_hosts", [], "host:port of every actor (used to count and assign actors).")
@@ -271,6 +274,9 @@ def main(argv):
             return run_test()
         if FLAGS.job_name == "actor":
             return run_actor()
+        if FLAGS.job_name == "evaluator":
+            import actor as actor_lib
+            return actor_lib.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(), log=log)
         return run_learner()
     except (UsageError, FileNotFoundError) as e:
         print("experiment.py: error: %s" % e, file=sys.stderr, flush=True)

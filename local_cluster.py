@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class LocalCluster:
     def __init__(self, num_actors, base_port, extra_flags, logdir, python=sys.executable,
-                 num_learners=1, learner_stdout=None):
+                 num_learners=1, learner_stdout=None, evaluator=False):
         self.num_actors = num_actors
         self.learners = ["127.0.0.1:%d" % (base_port + i) for i in range(num_learners)]
         self.actors = ["127.0.0.1:%d" % (base_port + num_learners + i) for i in range(num_actors)]
@@ -33,6 +33,9 @@ class LocalCluster:
         self.learner_stdout = learner_stdout
         self.learner = None
         self.actor_procs = []
+        self.evaluator = evaluator
+        self.evaluator_proc = None
+        self._reported = set()  # actors whose death wait() has reported
         self._logs = []
 
     def _common(self):
@@ -64,6 +67,12 @@ class LocalCluster:
             self._logs.append(f)
             self.actor_procs.append(subprocess.Popen(self.actor_cmd(i), stdout=f, stderr=subprocess.STDOUT,
                                                      env=env, start_new_session=True))
+        if self.evaluator:
+            f = open(os.path.join(self.logdir, "logs", "evaluator.log"), "w")
+            self._logs.append(f)
+            cmd = [self.python, os.path.join(HERE, "experiment.py"), "--job_name=evaluator"] + self._common()
+            self.evaluator_proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                                   start_new_session=True)
         return self
 
     def actors_alive(self):
@@ -72,7 +81,7 @@ class LocalCluster:
     def wait(self, timeout=None, on_actor_death=None):
         """Waits for the learner to exit; returns its exit code (None on timeout)."""
         deadline = None if timeout is None else time.time() + timeout
-        reported = set()
+        reported = self._reported
         while self.learner.poll() is None:
             for i, p in enumerate(self.actor_procs):
                 if p.poll() is not None and i not in reported:
@@ -86,14 +95,15 @@ class LocalCluster:
 
     def stop(self, grace_s=30.0):
         """SIGINT to the learner (checkpoint + close queue), then to actors; kill leftovers."""
-        procs = [self.learner] + self.actor_procs
+        others = self.actor_procs + ([self.evaluator_proc] if self.evaluator_proc else [])
+        procs = [self.learner] + others
         if self.learner is not None and self.learner.poll() is None:
             _signal_group(self.learner, signal.SIGINT)
             _wait_all([self.learner], grace_s)
-        for p in self.actor_procs:
+        for p in others:
             if p.poll() is None:
                 _signal_group(p, signal.SIGINT)
-        _wait_all(self.actor_procs, min(grace_s, 15.0))
+        _wait_all(others, min(grace_s, 15.0))
         for p in procs:
             if p is not None and p.poll() is None:
                 _signal_group(p, signal.SIGKILL)
@@ -130,6 +140,8 @@ def main():
     parser.add_argument("--num_learners", type=int, default=1, help="Horovod ranks (mpirun)")
     parser.add_argument("--base_port", type=int, default=8001)
     parser.add_argument("--logdir", default=None)
+    parser.add_argument("--evaluator", action="store_true",
+                        help="also run the test worker (greedy evaluation every --test_every_s)")
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then experiment.py flags")
     args = parser.parse_args()
     extra = [f for f in args.flags if f != "--"]
@@ -141,7 +153,8 @@ def main():
     level = next((f.split("=", 1)[1] for f in extra if f.startswith("--level_name=")), "PongNoFrameskip-v4")
     logdir = args.logdir or os.path.join("results", "%s_%d" % (level.replace("/", "-"), int(time.time())))
     cluster = LocalCluster(args.num_actors, args.base_port, extra, logdir,
-                           num_learners=args.num_learners, learner_stdout=sys.stdout)
+                           num_learners=args.num_learners, learner_stdout=sys.stdout,
+                           evaluator=args.evaluator)
     stopping = {"flag": False}
 
     def handle(signum, frame):

@@ -23,6 +23,7 @@ actor exits with a clear message.
 Security: TF's gRPC servers are unauthenticated and listen on all interfaces
 of their port. Run them on a private network (or SSH tunnels), never exposed.
 """
+import threading
 import time
 from typing import NamedTuple
 
@@ -194,12 +195,18 @@ class ActorClient:
         return False
 
     def reset(self):
-        if self.sess is not None:
-            try:
-                self.sess.close()
-            except Exception:  # the server may be gone; nothing to release then
-                pass
-        self.sess = None
+        """Drops the session. Closing a session whose server is gone can block in
+        gRPC for a long time, so the close runs in a daemon thread given 1 s."""
+        sess, self.sess = self.sess, None
+        if sess is not None:
+            def close():
+                try:
+                    sess.close()
+                except Exception:  # the server may be gone; nothing to release then
+                    pass
+            t = threading.Thread(target=close, daemon=True)
+            t.start()
+            t.join(1.0)
 
     def fetch_weights_if_new(self):
         """Returns (version, flat weights) if the learner published newer ones, else None."""

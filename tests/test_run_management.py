@@ -1,0 +1,114 @@
+"""Replay in a real training run, the test worker (evaluator), and multi_train.py."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from local_cluster import LocalCluster  # noqa: E402
+from tests.test_experiment import CARTPOLE, _free_base_port, _no_leftovers, _run_experiment  # noqa: E402
+
+ELITE = json.dumps([
+    {"type": "queue", "capacity": 1, "sample_ratio": 0.5},
+    {"type": "custom", "capacity": 64, "sample_ratio": 0.5, "sample_strategy": "elite_sampling",
+     "dist_function": "kl_div", "lambda_batch_multiplier": 3, "elite_sampling_strategy": 2,
+     "compress": True}])
+
+
+@pytest.mark.parametrize("value,needle", [
+    ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.7}]', "sum to 1"),
+    ('[{"type": "fancy", "capacity": 1, "sample_ratio": 1}]', "fancy"),
+    ('[{"type": "standard", "capacity": -5, "sample_ratio": 1}]', "capacity"),
+    ('[{"type": "queue", "capacity": 1, "sample_ratio": 1', "not valid JSON"),
+    ("[]", "at least one entry"),
+])
+def test_bad_replay_parameters_give_one_clear_error(value, needle, tmp_path):
+    r = _run_experiment(CARTPOLE + ["--replay_parameters=" + value, "--logdir=%s" % (tmp_path / "run")])
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "--replay_parameters" in errors[0] and needle in errors[0], r.stderr
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_elite_replay_run_with_evaluator(tmp_path):
+    """Half of each batch comes from elite replay: the learner takes only 4 of its 8
+    unrolls from the actors, counts only those frames, and reports the replay; the
+    test worker records greedy evaluation returns apart from training returns."""
+    logdir = str(tmp_path / "run")
+    flags = CARTPOLE + ["--total_environment_frames=24000", "--replay_parameters=" + ELITE,
+                        "--test_every_s=2", "--test_num_episodes=2", "--checkpoint_every_s=5"]
+    c = LocalCluster(2, _free_base_port(), flags, logdir, evaluator=True).start()
+    try:
+        assert c.wait(timeout=200) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()
+    finally:
+        c.stop()
+    _no_leftovers(c)
+    assert c.evaluator_proc.returncode == 0
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    replay = summary["replay"]
+    updates = replay["0_queue"]["drawn"] // 4
+    elite = replay["1_elite_sampling"]
+    assert elite["drawn"] + elite["from_live"] == 4 * updates  # from_live: while it filled
+    assert elite["size"] == 64 and 0 < elite["nbytes"]
+    # Live frames only: after the buffer has filled, 4 live unrolls x 20 steps per update.
+    assert summary["frames"] <= 24000 + 8 * 20
+    assert updates * 8 * 20 > summary["frames"] * 1.5, "replayed unrolls must not count as new frames"
+    assert os.path.exists(os.path.join(logdir, "checkpoints", "replay_state.pkl"))
+    rows = list(csv.DictReader(open(os.path.join(logdir, "eval.csv"))))
+    assert rows and all(int(r["episodes"]) == 2 for r in rows)
+    assert all(float(r["mean_return"]) >= 8 for r in rows)  # a CartPole episode lasts >= 8 steps
+
+
+def _write(path, obj):
+    with open(path, "w") as f:
+        f.write(obj if isinstance(obj, str) else json.dumps(obj))
+    return str(path)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "not valid JSON"),
+    ([], "non-empty list"),
+    ({"common": {}, "runs": [{"name": "a"}], "extra": 1}, "extra"),
+    ([{"name": "a"}, {"name": "a"}], "unique"),
+    ([{"logdir": "/tmp/x"}], "logdir"),
+    ([{"batch_size": 0}], "batch_size"),
+    ([{"agent_name": "Nope"}], "Nope"),
+])
+def test_multi_train_bad_experiments_start_nothing(content, needle, tmp_path):
+    path = _write(tmp_path / "exps.json", content)
+    out = tmp_path / "out"
+    cli = ["--level_name=CartPole-v1"] + ([] if needle == "Nope" else ["--agent_name=MLPAgent"])
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "multi_train.py"), "--experiments=" + path,
+                        "--out=%s" % out, "--"] + cli, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_multi_train_runs_in_sequence_with_precedence(tmp_path):
+    """Two runs; the command line beats the run's overrides, which beat "common"."""
+    exps = {"common": {"level_name": "CartPole-v1", "agent_name": "MLPAgent", "batch_size": 8,
+                       "unroll_length": 20, "envs_per_actor": 4, "queue_capacity": 16,
+                       "total_environment_frames": 4000, "seed": 5},
+            "runs": [{"name": "plain"}, {"name": "seed7", "seed": 7, "total_environment_frames": 999}]}
+    path = _write(tmp_path / "exps.json", exps)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "multi_train.py"), "--experiments=" + path,
+                        "--out=%s" % out, "--base_port=%d" % _free_base_port(), "--",
+                        "--total_environment_frames=3000", "--log_every_s=1"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = list(csv.DictReader(open(out / "multi_train.csv")))
+    assert [row["name"] for row in rows] == ["plain", "seed7"]
+    assert all(row["exit_code"] == "0" for row in rows)
+    for row, seed in zip(rows, (5, 7)):
+        opts = json.load(open(os.path.join(row["logdir"], "options.json")))
+        assert opts["seed"] == seed
+        assert opts["total_environment_frames"] == 3000
+        assert 3000 <= int(row["frames"]) < 3000 + 8 * 20 * 2

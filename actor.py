@@ -140,6 +140,9 @@ def run(flags, task, log=print):
     learner_hosts = flags.learner_hosts
     learner = learner_hosts[task % len(learner_hosts)]
     T, E = flags.unroll_length, flags.envs_per_actor
+    if flags.actor_threads > 0:  # before TensorFlow runs its first op
+        tf.config.threading.set_intra_op_parallelism_threads(flags.actor_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(flags.actor_threads)
     stopper = Stopper()
     tf.random.set_seed(flags.seed * 7919 + task)
     agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T)

@@ -47,6 +47,8 @@ flags.DEFINE_string("agent_name", "SimpleConvNetAgent", "SimpleConvNetAgent, Res
 flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor process, batched "
                      "through the policy.")
 
+flags.DEFINE_integer("actor_threads", 1, "TensorFlow threads per actor process for inference "
+                     "(intra- and inter-op); 0 = TensorFlow's default (all cores).")
 flags.DEFINE_integer("total_environment_frames", int(1e9), "Frames to train for.")
 flags.DEFINE_integer("batch_size", 32, "Unrolls per learner update (per rank).")
 flags.DEFINE_integer("unroll_length", 100, "Agent steps per unroll.")
@@ -100,6 +102,7 @@ for _name in ("entropy_cost", "baseline_cost", "gradients_clipping", "momentum")
 flags.register_validator("discounting", lambda v: 0 <= v <= 1, message="must be in [0, 1]")
 flags.register_validator("decay", lambda v: 0 <= v < 1, message="must be in [0, 1)")
 flags.register_validator("task", lambda v: v >= 0, message="must be >= 0")
+flags.register_validator("actor_threads", lambda v: v >= 0, message="must be >= 0")
 flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
                          message="must be a comma-separated list of host:port (port 1-65535)")
 flags.register_validator("actor_hosts", _hosts_ok,
@@ -209,7 +212,8 @@ def run_learner():
         save_options(logdir)
     assigned = [a for i, a in enumerate(FLAGS.actor_hosts) if i % size == rank]
     return learner_lib.train(FLAGS, logdir, FLAGS.learner_hosts[rank], len(assigned),
-                             rank=rank, size=size, log=log)
+                             rank=rank, size=size, log=log,
+                             actor_ids=[i for i in range(len(FLAGS.actor_hosts)) if i % size == rank])
 
 
 def run_actor():

@@ -281,7 +281,48 @@ class Stats:
         return float(np.mean(list(self.returns)[-n:]))
 
 
-def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print):
+class Heartbeats:
+    """Per-actor liveness from the unrolls themselves: an actor whose last unroll is
+    older than --actor_timeout_s (or that never sent one) is reported once as dead or
+    stalled, and again when it comes back."""
+
+    def __init__(self, actor_ids, timeout_s, rank, log):
+        self.actor_ids, self.timeout_s, self.rank, self.log = list(actor_ids), timeout_s, rank, log
+        self.start = time.time()
+        self.silent = set()
+        self.next_check = 0.0
+
+    def check(self, last_seen):
+        now = time.time()
+        if now < self.next_check:
+            return
+        self.next_check = now + 1.0
+        for a in self.actor_ids:
+            seen = last_seen.get(a)
+            quiet = now - (seen if seen is not None else self.start)
+            if quiet > self.timeout_s and a not in self.silent:
+                self.silent.add(a)
+                self.log("[learner %d] WARNING: actor %d %s for %.0f s: dead or stalled (--actor_timeout_s=%g)"
+                         % (self.rank, a, "has sent nothing" if seen is not None else "has not connected",
+                            quiet, self.timeout_s))
+            elif quiet <= self.timeout_s and a in self.silent:
+                self.silent.discard(a)
+                self.log("[learner %d] actor %d is sending again" % (self.rank, a))
+
+
+def save_or_report(learner, log, rank):
+    """A checkpoint, or None with an error line naming the folder when the disk is full or
+    read-only; the previous checkpoint stays intact and training goes on."""
+    try:
+        return learner.save()
+    except (OSError, tf.errors.OpError) as e:
+        previous = learner.manager.latest_checkpoint
+        log("[learner %d] ERROR: could not write a checkpoint to %s (%s); the previous one (%s) is "
+            "intact" % (rank, learner.ckpt_dir, str(e).splitlines()[0][:200], previous or "none"))
+        return None
+
+
+def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print, actor_ids=None):
     stop = {"flag": False, "signal": None}
 
     def handle(signum, frame):
@@ -315,6 +356,8 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
                           "total_loss,entropy,grad_norm\n")
 
     st = Stats()
+    beats = Heartbeats(actor_ids if actor_ids is not None else range(num_actors), flags.actor_timeout_s,
+                       rank, log)
     start = time.time()
     start_frames = int(learner.num_env_frames.numpy())
     last_log = last_ckpt = start
@@ -337,6 +380,7 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
             if batch is not None:
                 break
             time.sleep(0.005)
+            beats.check(st.last_seen)
             idle = time.time() - last_data
             if idle > flags.actor_timeout_s and not waiting_said:
                 log("[learner %d] WARNING: no unroll from any of its %d actor(s) for %.0f s; waiting "
@@ -365,6 +409,7 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
         waiting_said = False
         t1 = time.perf_counter()
         st.add_batch(batch, version)  # statistics of live data only
+        beats.check(st.last_seen)
         tm = to_time_major(learner.make_batch(batch), learner.spec.names)
         new_frames = tf.constant(size * n_live * learner.frames_per_unroll, tf.int64)
         step_stats = learner._train_step({k: tf.constant(v) for k, v in tm.items()}, new_frames)
@@ -398,10 +443,12 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print)
                     float(step_stats["grad_norm"])))
             last_log, last_log_frames = now, frames
         if now - last_ckpt >= flags.checkpoint_every_s:
-            learner.save()
+            save_or_report(learner, log, rank)
             last_ckpt = now
 
-    path = learner.save()
+    path = save_or_report(learner, log, rank)
+    if path is None and learner.is_chief:
+        exit_code = 5
     tp.close()
     elapsed = time.time() - start
     frames = int(learner.num_env_frames.numpy())

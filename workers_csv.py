@@ -138,7 +138,9 @@ def load(path, local=None) -> Cluster:
         errors.append((lineno, f"{path}:{lineno}: {msg}"))
 
     rows = []  # (line number, [cells])
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    # Only CR/LF end lines (str.splitlines() would also split at \x1c-\x1e, \x85, \u2028,
+    # and the line numbers in the errors would not match the user's editor).
+    for lineno, raw in enumerate(re.split(r"\r\n|\n|\r", text), start=1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         rows.append((lineno, [c.strip() for c in next(csv.reader([raw]))]))

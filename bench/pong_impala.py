@@ -2,7 +2,7 @@
 a fixed frame budget, next to the raw env-stepping ceiling of the same cores
 measured in the same run.
 
-  .venv/bin/python bench/pong_impala.py --frames 2000000 --actors 2 --envs_per_actor 8
+  .venv/bin/python bench/pong_impala.py --frames 2000000 --actors 2 --envs_per_actor 32
 
 Phase 1 (ceiling): `--actors` processes step preprocessed Pong with random
 actions for --ceiling_s seconds; frames/s = 4 x steps/s (frame skip 4).
@@ -61,7 +61,7 @@ def main():
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--frames", type=int, default=2_000_000)
     p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--envs_per_actor", type=int, default=8)
+    p.add_argument("--envs_per_actor", type=int, default=32)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--unroll_length", type=int, default=20)
     p.add_argument("--ceiling_s", type=float, default=20.0)

@@ -11,3 +11,61 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long test, run with `-m slow` (CI runs them too when they fit)")
+
+
+# ---------------------------------------------------------------- leftovers
+# No test may leave a process of this project, a tmux session or a temp directory of
+# ours behind: checked once after the whole session (and reported as an error).
+_TEMP_PREFIXES = ("pong_bench_", "cartpole_bench_", "faults_", "scaling_", "bench_impala_", "soak_")
+
+
+def _our_processes():
+    import psutil
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        ours = ROOT in cmd and any(s in cmd for s in ("experiment.py", "local_cluster.py", "ppo_main.py",
+                                                      "ppo_parallel_main.py", "multi_train.py"))
+        # tmux servers on the tests' private sockets, sshd and workers under pytest's tmp dirs
+        of_tests = "impala_test_" in cmd or "pytest-of-" in cmd
+        runner = any(part.endswith("pytest") for part in (p.info["cmdline"] or [])[:3])  # a pytest itself
+        if p.info["pid"] != me and (ours or of_tests) and not runner:
+            found.append("%d %s" % (p.info["pid"], cmd[:160]))
+    return found
+
+
+def _tmux_sessions():
+    import subprocess
+    try:
+        out = subprocess.run(["tmux", "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [s for s in out.stdout.split() if s.startswith(("impala", "pytest", "test"))]
+
+
+def _temp_dirs():
+    import tempfile
+    d = tempfile.gettempdir()
+    return sorted(n for n in os.listdir(d) if n.startswith(_TEMP_PREFIXES))
+
+
+def pytest_sessionstart(session):
+    session.config._leftovers_before = (set(_our_processes()), set(_tmux_sessions()), set(_temp_dirs()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import time
+    before = getattr(session.config, "_leftovers_before", (set(), set(), set()))
+    deadline = time.time() + 15  # processes told to stop get a moment to exit
+    while True:
+        now = (set(_our_processes()) - before[0], set(_tmux_sessions()) - before[1], set(_temp_dirs()) - before[2])
+        if not any(now) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    if any(now):
+        print("\nLEFTOVERS after the tests: processes %s, tmux sessions %s, temp dirs %s"
+              % (sorted(now[0]), sorted(now[1]), sorted(now[2])))
+        if session.exitstatus == 0:
+            session.exitstatus = 3

@@ -1,0 +1,139 @@
+"""Stable-Baselines3 PPO, the peer users would pick instead. Runs in .peer-venv-sb3
+(bench/peers/install.sh sb3), never in .venv. Uses this project's envs.py, so the
+observations, frame skip and episode statistics are exactly those our IMPALA sees.
+
+  throughput: PongNoFrameskip-v4 with SubprocVecEnv (--n_envs processes), a CNN of the
+              same size as our SimpleConvNetAgent (conv 16 8x8/4, conv 32 4x4/2, FC 256),
+              SB3's Atari PPO settings (n_steps 128, batch 256, 4 epochs, lr 2.5e-4,
+              clip 0.1); trains for --seconds and reports frames/s (4 frames per step)
+              after the first rollout.
+  cartpole:   CartPole-v1 with SB3-zoo's tuned PPO (8 envs, n_steps 32, batch 256,
+              gae 0.8, gamma 0.98, 20 epochs, lr 1e-3 linear, clip 0.2 linear,
+              ent 0.0); wall-clock seconds until the mean return of the last 20
+              episodes >= --threshold, or --budget_s.
+
+Prints one JSON line with the result.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from stable_baselines3 import PPO  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor  # noqa: E402
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecTransposeImage  # noqa: E402
+
+import envs  # noqa: E402
+
+
+class SimpleConv(BaseFeaturesExtractor):
+    """The same torso as nets/conv.py's SimpleConvTorso, in torch (channels first)."""
+
+    def __init__(self, observation_space, features_dim=256):
+        super().__init__(observation_space, features_dim)
+        c = observation_space.shape[0]
+        self.net = nn.Sequential(nn.Conv2d(c, 16, 8, 4), nn.ReLU(), nn.Conv2d(16, 32, 4, 2), nn.ReLU(),
+                                 nn.Flatten())
+        with torch.no_grad():
+            n = self.net(torch.zeros((1,) + observation_space.shape)).shape[1]
+        self.linear = nn.Sequential(nn.Linear(n, features_dim), nn.ReLU())
+
+    def forward(self, x):
+        return self.linear(self.net(x))
+
+
+class Episodes(BaseCallback):
+    """Collects finished episodes from our envs' info["episode"] and stops on a condition."""
+
+    def __init__(self, threshold=None, deadline=None, warmup_steps=0):
+        super().__init__()
+        self.returns, self.threshold, self.deadline = [], threshold, deadline
+        self.t_start = time.time()
+        self.hit_s = None
+        self.warmup_steps = warmup_steps
+        self.t_warm = None
+        self.steps_warm = 0
+
+    def _on_step(self):
+        for info in self.locals["infos"]:
+            ep = info.get("episode")
+            if ep is not None:
+                self.returns.append(float(np.asarray(ep["r"])))
+        if self.t_warm is None and self.num_timesteps >= self.warmup_steps:
+            self.t_warm, self.steps_warm = time.time(), self.num_timesteps
+        if self.threshold is not None and len(self.returns) >= 20 and np.mean(self.returns[-20:]) >= self.threshold:
+            self.hit_s = time.time() - self.t_start
+            return False
+        return self.deadline is None or time.time() < self.deadline
+
+
+def make(level, seed, training=True):
+    def thunk():
+        env = envs.make_env(level, seed=seed, training=training)
+        return env
+    return thunk
+
+
+def throughput(a):
+    if a.torch_threads:
+        torch.set_num_threads(a.torch_threads)
+    vec = SubprocVecEnv([make(a.level, a.seed * 1000 + i) for i in range(a.n_envs)], start_method="spawn")
+    vec = VecTransposeImage(vec)
+    model = PPO("CnnPolicy", vec, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4,
+                clip_range=0.1, ent_coef=0.01, vf_coef=0.5, seed=a.seed, device="cpu", verbose=0,
+                policy_kwargs=dict(features_extractor_class=SimpleConv, normalize_images=True))
+    cb = Episodes(deadline=time.time() + a.seconds, warmup_steps=128 * a.n_envs)
+    model.learn(total_timesteps=10 ** 9, callback=cb)
+    steps = model.num_timesteps - cb.steps_warm
+    seconds = time.time() - cb.t_warm
+    vec.close()
+    return {"peer": "sb3_ppo", "suite": "throughput", "level": a.level, "n_envs": a.n_envs,
+            "frames_per_s": 4 * steps / seconds, "steps": int(model.num_timesteps), "seconds": seconds,
+            "episodes": len(cb.returns), "torch_threads": a.torch_threads}
+
+
+def cartpole(a):
+    if a.torch_threads:
+        torch.set_num_threads(a.torch_threads)
+    vec = DummyVecEnv([make("CartPole-v1", a.seed * 1000 + i) for i in range(8)])
+    model = PPO("MlpPolicy", vec, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
+                seed=a.seed, device="cpu", verbose=0)
+    t0 = time.time()
+    cb = Episodes(threshold=a.threshold, deadline=t0 + a.budget_s)
+    model.learn(total_timesteps=a.total_steps, callback=cb)
+    vec.close()
+    return {"peer": "sb3_ppo", "suite": "cartpole", "seed": a.seed, "reached": cb.hit_s is not None,
+            "time_to_threshold_s": cb.hit_s if cb.hit_s is not None else float("nan"),
+            "steps": int(model.num_timesteps),
+            "best_mean_return_20": max((float(np.mean(cb.returns[max(0, i - 19):i + 1]))
+                                        for i in range(19, len(cb.returns))), default=float("nan"))}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("suite", choices=["throughput", "cartpole"])
+    p.add_argument("--level", default="PongNoFrameskip-v4")
+    p.add_argument("--n_envs", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=90)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threshold", type=float, default=475)
+    p.add_argument("--budget_s", type=float, default=300)
+    p.add_argument("--total_steps", type=int, default=2_000_000)
+    p.add_argument("--torch_threads", type=int, default=0, help="0: torch's default (all cores)")
+    a = p.parse_args()
+    out = throughput(a) if a.suite == "throughput" else cartpole(a)
+    out.update(torch=torch.__version__, sb3=__import__("stable_baselines3").__version__)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""The benchmark harness: one command per suite, results under bench/results/<machine>/.
+
+  .venv/bin/python bench/run.py throughput      # Pong frames/s: ours vs SB3 PPO vs the raw env ceiling
+  .venv/bin/python bench/run.py cartpole        # wall-clock to CartPole-v1 475: ours vs SB3 PPO, 3 seeds
+  .venv/bin/python bench/run.py scaling         # frames/s vs actor count; learner samples/s vs Horovod ranks
+  .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
+
+Peers live in their own virtual environments, made by bench/peers/install.sh from the
+package registry (Stable-Baselines3 with torch 2.13.0 CPU; Sample Factory if it
+installs -- the results say when it does not). Every suite writes <suite>.md (a table),
+<suite>.csv and, where there is a curve, <suite>.png, plus machine.json (cores, CPU
+model, GPU, exact versions). Comparisons are ratios of figures measured in the same
+invocation; with --repeats > 1 the runs of the contenders are interleaved and the table
+gives medians and min-max.
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+from local_cluster import LocalCluster  # noqa: E402
+
+SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
+SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
+
+
+# ------------------------------------------------------------------ machine
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_model():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def machine_dir():
+    cores = os.cpu_count()
+    gpu = gpu_model()
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")[:40]
+    name = "%dcore-%s%s" % (cores, slug, "-" + re.sub(r"[^a-z0-9]+", "-", gpu.lower()) if gpu else "")
+    return os.path.join(HERE, "results", name)
+
+
+def versions(py):
+    code = ("import importlib.metadata as m, json, sys; names=%r; out={'python': sys.version.split()[0]}\n"
+            "for n in names:\n  try: out[n]=m.version(n)\n  except Exception: pass\nprint(json.dumps(out))"
+            % (["tensorflow-cpu", "tensorflow", "horovod", "dm-sonnet", "gymnasium", "ale-py", "mujoco",
+                "numpy", "torch", "stable-baselines3", "sample-factory"],))
+    try:
+        return json.loads(subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=60).stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+def write_machine(out):
+    info = {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": gpu_model(), "platform": platform.platform(),
+            "ours": versions(sys.executable), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if os.path.exists(SB3_PY):
+        info["sb3_peer"] = versions(SB3_PY)
+    with open(os.path.join(out, "machine.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    return info
+
+
+# ------------------------------------------------------------------ contenders
+def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=()):
+    """Median end-to-end frames/s of our IMPALA (1 learner + actors) after 20 s of warm-up."""
+    logdir = tempfile.mkdtemp(prefix="bench_impala_")
+    flags = ["--level_name=" + level, "--agent_name=" + agent, "--batch_size=32", "--unroll_length=20",
+             "--envs_per_actor=%d" % envs_per_actor, "--queue_capacity=64", "--log_every_s=5",
+             "--total_environment_frames=1000000000", "--entropy_cost=0.01", "--learning_rate=0.0006"]
+    cluster = LocalCluster(actors, base_port, flags + list(extra), logdir)
+    cluster.start()
+    try:
+        time.sleep(seconds + 20)
+    finally:
+        cluster.stop()
+    rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv")))) if os.path.exists(
+        os.path.join(logdir, "metrics.csv")) else []
+    summary = {}
+    if os.path.exists(os.path.join(logdir, "summary.json")):
+        summary = json.load(open(os.path.join(logdir, "summary.json")))
+    shutil.rmtree(logdir, ignore_errors=True)
+    fps = [float(r["fps"]) for r in rows if float(r["time_s"]) >= 20]
+    if not fps:
+        raise RuntimeError("IMPALA produced no progress lines after 20 s")
+    return statistics.median(fps), summary.get("time_breakdown", {})
+
+
+def ensure_peer(which):
+    proc = subprocess.run([os.path.join(HERE, "peers", "install.sh"), which], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return "install failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
+    return None
+
+
+def sb3(args, timeout):
+    proc = subprocess.run([SB3_PY, os.path.join(HERE, "peers", "sb3_ppo.py")] + args, capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError("sb3_ppo.py %s failed: %s" % (" ".join(args), proc.stderr[-2000:]))
+    return json.loads(lines[-1])
+
+
+def ceiling_fps(level, processes, seconds):
+    import pong_impala
+    return 4 * pong_impala.ceiling(level, processes, seconds)
+
+
+def spread(xs):
+    return "%.0f (%.0f-%.0f)" % (statistics.median(xs), min(xs), max(xs)) if len(xs) > 1 else "%.0f" % xs[0]
+
+
+# ------------------------------------------------------------------ suites
+def suite_throughput(a, out):
+    level = "PongNoFrameskip-v4"
+    notes = []
+    peer_error = ensure_peer("sb3")
+    sf_error = ensure_peer("sf") if a.with_sample_factory else "not attempted (pass --with_sample_factory)"
+    if sf_error is None:
+        sf_error = "installed, but no APPO runner is wired into this harness yet"
+    res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": []}
+    bottleneck = {}
+    for rep in range(a.repeats):
+        res["ceiling"].append(ceiling_fps(level, 2, 20))
+        fps, bottleneck = impala_fps(level, "SimpleConvNetAgent", 2, 32, a.seconds, a.base_port)
+        res["impala"].append(fps)
+        if peer_error is None:
+            res["sb3_2"].append(sb3(["throughput", "--n_envs=2", "--seconds=%g" % a.seconds],
+                                    a.seconds + 300)["frames_per_s"])
+            res["sb3_16"].append(sb3(["throughput", "--n_envs=16", "--seconds=%g" % a.seconds],
+                                     a.seconds + 300)["frames_per_s"])
+        print("repeat %d: %s" % (rep + 1, {k: v[-1] for k, v in res.items() if v}), flush=True)
+    med = {k: statistics.median(v) for k, v in res.items() if v}
+    rows = [("raw env ceiling (2 processes stepping, random actions)", res["ceiling"], "-"),
+            ("ours: IMPALA, 1 learner + 2 actor processes x 32 envs", res["impala"],
+             "%.2f of ceiling" % (med["impala"] / med["ceiling"]))]
+    if peer_error is None:
+        for key, label in (("sb3_2", "SB3 PPO, SubprocVecEnv 2 processes (same process count)"),
+                           ("sb3_16", "SB3 PPO, SubprocVecEnv 16 processes (same env count)")):
+            rows.append((label, res[key], "ours / this = **%.2f**" % (med["impala"] / med[key])))
+        best = max(med["sb3_2"], med["sb3_16"])
+        notes.append("Ours vs the faster SB3 configuration: **%.2f x**." % (med["impala"] / best))
+    else:
+        notes.append("SB3 PPO: %s" % peer_error)
+    notes.append("Sample Factory APPO: %s." % sf_error)
+    if bottleneck:
+        notes.append("Our bottleneck report: %s; actors spend %.0f%% of their time stepping envs, %.0f%% in "
+                     "inference, %.0f%% in transfer." % (bottleneck.get("bottleneck"),
+                                                          100 * bottleneck.get("actor_env_share", 0),
+                                                          100 * bottleneck.get("actor_inference_share", 0),
+                                                          100 * bottleneck.get("actor_transfer_share", 0)))
+    lines = ["# Throughput: PongNoFrameskip-v4 end-to-end frames/s (training included), %d cores" % os.cpu_count(),
+             "", "Same network size everywhere (conv 16 8x8/4, conv 32 4x4/2, FC 256), our envs.py "
+             "preprocessing for every contender, frames = 4 x agent steps. %d repeat(s) of %.0f s, "
+             "interleaved; median (min-max)." % (a.repeats, a.seconds), "",
+             "| contender | frames/s | comparison |", "|---|---|---|"]
+    lines += ["| %s | %s | %s |" % (label, spread(xs), cmp) for label, xs, cmp in rows]
+    lines += [""] + notes + ["", "Command: `.venv/bin/python bench/run.py throughput --seconds %g --repeats %d`"
+                             % (a.seconds, a.repeats)]
+    with open(os.path.join(out, "throughput.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["contender", "repeat", "frames_per_s"])
+        for k, xs in res.items():
+            for i, x in enumerate(xs):
+                w.writerow([k, i, x])
+    return lines
+
+
+def suite_cartpole(a, out):
+    import cartpole_impala
+    peer_error = ensure_peer("sb3")
+    ours, theirs = [], []
+    for seed in a.seeds:
+        r, _ = cartpole_impala.run_seed(seed, a.budget_s, 475.0, 4_000_000, a.base_port)
+        ours.append(r)
+        if peer_error is None:
+            theirs.append(sb3(["cartpole", "--seed=%d" % seed, "--budget_s=%g" % a.budget_s],
+                              a.budget_s + 300))
+        print("seed %d: ours %s | sb3 %s" % (seed, r, theirs[-1] if theirs else peer_error), flush=True)
+
+    def med(rs):
+        t = sorted(r["time_to_threshold_s"] if r["reached"] else float("inf") for r in rs)
+        return t[len(t) // 2]
+    lines = ["# Time to CartPole-v1 mean return 475 (last 20 episodes), %d cores, budget %.0f s" % (
+             os.cpu_count(), a.budget_s), "",
+             "Ours: IMPALA MLPAgent, 1 learner + 2 actors x 8 envs (bench/cartpole_impala.py settings). "
+             "SB3: PPO with rl-zoo's tuned CartPole hyperparameters, 8 envs in one process.", "",
+             "| seed | ours: seconds | ours: frames | SB3 PPO: seconds | SB3 PPO: steps |", "|---|---|---|---|---|"]
+    for i, seed in enumerate(a.seeds):
+        o = ours[i]
+        t = theirs[i] if theirs else None
+        lines.append("| %d | %s | %d | %s | %s |" % (
+            seed, "%.0f" % o["time_to_threshold_s"] if o["reached"] else "not reached",
+            o["frames_to_threshold"],
+            ("%.0f" % t["time_to_threshold_s"] if t["reached"] else "not reached") if t else "-",
+            t["steps"] if t else "-"))
+    m_ours = med(ours)
+    lines += ["", "Median: ours %s, SB3 PPO %s." % (
+        "%.0f s" % m_ours if m_ours != float("inf") else "not reached",
+        ("%.0f s" % med(theirs) if med(theirs) != float("inf") else "not reached") if theirs else peer_error)]
+    if theirs and med(theirs) != float("inf") and m_ours != float("inf"):
+        lines.append("Ratio SB3 / ours (> 1: ours is faster): **%.2f**." % (med(theirs) / m_ours))
+    lines += ["", "Command: `.venv/bin/python bench/run.py cartpole --seeds %s`" % " ".join(map(str, a.seeds))]
+    with open(os.path.join(out, "cartpole.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["contender", "seed", "reached", "time_to_threshold_s"])
+        for o in ours:
+            w.writerow(["impala", o["seed"], o["reached"], o["time_to_threshold_s"]])
+        for t in theirs:
+            w.writerow(["sb3_ppo", t["seed"], t["reached"], t["time_to_threshold_s"]])
+    return lines
+
+
+def suite_scaling(a, out):
+    level = "PongNoFrameskip-v4"
+    rows = []
+    for n in a.actor_counts:
+        fps, tb = impala_fps(level, "SimpleConvNetAgent", n, max(8, 64 // n), a.seconds, a.base_port)
+        rows.append((n, fps, tb.get("bottleneck", "")))
+        print("actors %d: %.0f fps" % (n, fps), flush=True)
+    lines = ["# Scaling on %d cores: PongNoFrameskip-v4 frames/s against actor processes" % os.cpu_count(), "",
+             "64 envs in all, split over the actors (at least 8 each), 1 learner, %.0f s each." % a.seconds,
+             "", "| actors | frames/s | ratio to 1 actor | bottleneck |", "|---|---|---|---|"]
+    for n, fps, b in rows:
+        lines.append("| %d | %.0f | %.2f | %s |" % (n, fps, fps / rows[0][1], b))
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "learner_scaling.py"), "--out", out,
+                           "--seconds", str(a.seconds), "--base_port", str(a.base_port + 50)],
+                          capture_output=True, text=True)
+    lines += ["", "Learner ranks (bench/learner_scaling.py, same actors for each K):", ""]
+    if proc.returncode == 0:
+        lines += open(os.path.join(out, "learner_scaling.md")).read().splitlines()[2:]
+    else:
+        lines.append("learner_scaling.py failed: %s" % proc.stderr[-500:])
+    with open(os.path.join(out, "scaling.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["actors", "frames_per_s"])
+        w.writerows([(n, fps) for n, fps, _ in rows])
+    lines += ["", "Command: `.venv/bin/python bench/run.py scaling`"]
+    return lines
+
+
+def suite_pong_long(a, out):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "pong_impala.py"), "--frames", str(a.frames),
+                           "--out", out, "--tag", "pong_long"], cwd=ROOT)
+    if proc.returncode != 0:
+        return ["# Pong long run failed (exit %d)" % proc.returncode]
+    return open(os.path.join(out, "pong_long.md")).read().splitlines()
+
+
+SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling": suite_scaling,
+          "pong_long": suite_pong_long}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("suite", choices=sorted(SUITES))
+    p.add_argument("--seconds", type=float, default=90, help="measuring time per throughput run")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--budget_s", type=float, default=300)
+    p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--frames", type=int, default=10_000_000)
+    p.add_argument("--with_sample_factory", action="store_true")
+    p.add_argument("--base_port", type=int, default=19100)
+    p.add_argument("--out", default=None, help="default bench/results/<machine>/")
+    a = p.parse_args()
+    out = a.out or machine_dir()
+    os.makedirs(out, exist_ok=True)
+    info = write_machine(out)
+    lines = SUITES[a.suite](a, out)
+    lines += ["", "Machine: %d cores, %s, GPU: %s; TF %s, Horovod %s%s." % (
+        info["cores"], info["cpu"], info["gpu"] or "none",
+        info["ours"].get("tensorflow-cpu") or info["ours"].get("tensorflow"), info["ours"].get("horovod"),
+        ", SB3 %s + torch %s" % (info["sb3_peer"].get("stable-baselines3"), info["sb3_peer"].get("torch"))
+        if info.get("sb3_peer") else "")]
+    path = os.path.join(out, a.suite + ".md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print("\nwrote %s" % path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -235,7 +235,8 @@ def restore_newest_readable(ckpt, path, full):
             else:
                 status.expect_partial()
             return prefix
-        except (tf.errors.OpError, AssertionError, ValueError) as e:
+        # A truncated data file surfaces as IndexError ('Read less bytes than requested').
+        except (tf.errors.OpError, AssertionError, ValueError, IndexError, KeyError, OSError) as e:
             print("WARNING: checkpoint %s is unreadable (%s); trying an older one"
                   % (prefix, str(e).splitlines()[0][:200]), flush=True)
     raise FileNotFoundError("--load_model_url=%s: no readable checkpoint there (looked at %d)"

@@ -344,6 +344,9 @@ def train(args, spec):
     with open(os.path.join(logdir, "flags.txt"), "w") as f:
         f.write("\n".join(f"{k}={v}" for k, v in sorted(vars(args).items())) + "\n")
     old_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # kill <pid> stops as cleanly as Ctrl-C
+    # A process started in the background of a non-interactive shell inherits SIGINT as
+    # ignored, and Python then installs no KeyboardInterrupt handler: make kill -INT work.
+    old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     agent = PPO(spec.obs_shape[0], spec.action_dim, args)
     writer = tf.summary.create_file_writer(logdir)
     csv_file = open(os.path.join(logdir, "progress.csv"), "w", newline="")
@@ -406,6 +409,7 @@ def train(args, spec):
         csv_file.close()
         writer.close()
         signal.signal(signal.SIGTERM, old_sigterm)
+        signal.signal(signal.SIGINT, old_sigint)
     return status
 
 

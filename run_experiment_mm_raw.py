@@ -854,6 +854,9 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
     stop_at_end (--follow): when the learners exit, or on Ctrl-C/SIGTERM, stop the run."""
     restarts = {w.name: 0 for w in plan.actor_windows}
     t0, next_poll = time.time(), 0.0
+    # SIGINT may be inherited as ignored (a background job of a non-interactive shell),
+    # in which case Python raises no KeyboardInterrupt: install the default handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if stop_at_end:
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     _say(f"watching {len(plan.actor_windows)} actor(s) every {FLAGS.watch_interval_s:g} s, restarting each up "
@@ -955,6 +958,7 @@ def parse_flags(argv):
 
 
 def main(argv):
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited as ignored
     try:
         if not FLAGS.workers_csv_path:
             raise UsageError("--workers_csv_path is required (see sandbox/local_workers_example.csv)")

@@ -82,7 +82,7 @@ def main():
              "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
              "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % (2 * a.batch_size),
              "--total_environment_frames=%d" % a.frames, "--log_every_s=10",
-             "--entropy_cost=0.01", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
+             "--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
     t0 = time.time()
     with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
         code = cluster.wait()

@@ -16,7 +16,8 @@ def pytest_configure(config):
 # ---------------------------------------------------------------- leftovers
 # No test may leave a process of this project, a tmux session or a temp directory of
 # ours behind: checked once after the whole session (and reported as an error).
-_TEMP_PREFIXES = ("pong_bench_", "cartpole_bench_", "faults_", "scaling_", "bench_impala_", "soak_")
+_TEMP_PREFIXES = ("pong_bench_", "cartpole_bench_", "faults_", "scaling_", "bench_impala_", "soak_",
+                  "replay_bench_")
 
 
 def _our_processes():

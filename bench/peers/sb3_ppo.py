@@ -28,6 +28,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from stable_baselines3 import PPO  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+from stable_baselines3.common.logger import Logger  # noqa: E402
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecTransposeImage  # noqa: E402
 
@@ -90,6 +91,7 @@ def throughput(a):
     model = PPO("CnnPolicy", vec, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4,
                 clip_range=0.1, ent_coef=0.01, vf_coef=0.5, seed=a.seed, device="cpu", verbose=0,
                 policy_kwargs=dict(features_extractor_class=SimpleConv, normalize_images=True))
+    model.set_logger(Logger(folder=None, output_formats=[]))  # no log folder in /tmp
     cb = Episodes(deadline=time.time() + a.seconds, warmup_steps=128 * a.n_envs)
     model.learn(total_timesteps=10 ** 9, callback=cb)
     steps = model.num_timesteps - cb.steps_warm
@@ -107,6 +109,7 @@ def cartpole(a):
     model = PPO("MlpPolicy", vec, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                 ent_coef=0.0, learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
                 seed=a.seed, device="cpu", verbose=0)
+    model.set_logger(Logger(folder=None, output_formats=[]))
     t0 = time.time()
     cb = Episodes(threshold=a.threshold, deadline=t0 + a.budget_s)
     model.learn(total_timesteps=a.total_steps, callback=cb)

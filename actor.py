@@ -233,6 +233,26 @@ def run(flags, task, log=print):
     return 0
 
 
+def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=None, seed=None):
+    """Plays n whole episodes (as info["episode"] reports them) with one env.
+    policy(obs[1, ...], first[1], state) -> (action[1], state). Returns (returns, lengths)."""
+    returns, lengths = [], []
+    obs, _ = env.reset(seed=seed)
+    first, state = True, agent.initial_state(1)
+    while len(returns) < n and not should_stop():
+        action, state = policy(tf.constant(obs[None]), tf.constant([first]), state)
+        obs, _, terminated, truncated, info = env.step(int(action.numpy()[0]))
+        first = terminated or truncated
+        if first:
+            obs, _ = env.reset()
+        if "episode" in info:
+            returns.append(float(np.asarray(info["episode"]["r"])))
+            lengths.append(int(np.asarray(info["episode"]["l"])))
+            if on_episode is not None:
+                on_episode(returns, lengths)
+    return returns, lengths
+
+
 def run_evaluator(flags, logdir, log=print):
     """The test worker: every --test_every_s it loads the newest published weights
     of learner 0 and plays --test_num_episodes episodes greedily (argmax of the
@@ -270,18 +290,7 @@ def run_evaluator(flags, logdir, log=print):
             break
         if new is not None:
             set_weights(tf.constant(new[1]))
-        returns, lengths = [], []
-        obs, _ = env.reset()
-        first, state = True, agent.initial_state(1)
-        while len(returns) < flags.test_num_episodes and not stopper():
-            action, state = greedy(tf.constant(obs[None]), tf.constant([first]), state)
-            obs, _, terminated, truncated, info = env.step(int(action.numpy()[0]))
-            first = terminated or truncated
-            if first:
-                obs, _ = env.reset()
-            if "episode" in info:
-                returns.append(float(np.asarray(info["episode"]["r"])))
-                lengths.append(int(np.asarray(info["episode"]["l"])))
+        returns, lengths = play_episodes(greedy, agent, env, flags.test_num_episodes, stopper)
         if len(returns) == flags.test_num_episodes:
             rounds += 1
             out_csv.write("%.1f,%d,%d,%.3f,%.3f,%.1f\n" % (time.time(), client.version, len(returns),

@@ -212,8 +212,8 @@ class FrameStack(gym.Wrapper):
 # The factory.
 
 
-def _make_atari(env_id, training):
-    kwargs = {"frameskip": 1}  # AtariPreprocessing does the frame skip
+def _make_atari(env_id, training, render_mode=None):
+    kwargs = {"frameskip": 1, "render_mode": render_mode}  # AtariPreprocessing does the frame skip
     if env_id.startswith("ALE/"):
         kwargs["repeat_action_probability"] = V5_REPEAT_ACTION_PROBABILITY
     env = gym.make(env_id, **kwargs)
@@ -241,22 +241,24 @@ class Float32Observation(gym.ObservationWrapper):
         return np.asarray(observation, dtype=np.float32)
 
 
-def _make_vector(env_id):
-    return GameStats(Float32Observation(gym.make(env_id)))
+def _make_vector(env_id, render_mode=None):
+    return GameStats(Float32Observation(gym.make(env_id, render_mode=render_mode)))
 
 
-def make_env(env_id: str, seed: int | None = None, training: bool = True) -> gym.Env:
+def make_env(env_id: str, seed: int | None = None, training: bool = True,
+             render_mode: str | None = None) -> gym.Env:
     """Returns the wrapped env for `env_id`.
 
     training: Atari only: a lost life ends the episode (the game goes on).
       Use training=False for evaluation.
     seed: when given, the env is reset once with it and its action space is
       seeded, so later plain reset() calls follow a reproducible sequence.
+    render_mode: gymnasium's, e.g. "rgb_array" (env.render() returns the frame).
     """
     if _kind(env_id) == "atari":
-        env = _make_atari(env_id, training)
+        env = _make_atari(env_id, training, render_mode)
     else:
-        env = _make_vector(env_id)
+        env = _make_vector(env_id, render_mode)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)

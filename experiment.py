@@ -28,6 +28,8 @@ flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load"], "Training,
                   "training resumed from --load_model_url.")
 flags.DEFINE_string("load_model_url", None, "A run folder or checkpoint prefix to resume or test.")
 flags.DEFINE_integer("test_num_episodes", 10, "Episodes played in --mode=test.")
+flags.DEFINE_bool("render", False, "--mode=test: also write the episodes as an animated GIF "
+                  "(test_episodes.gif in the run folder; every 2nd frame, at most 2000).")
 flags.DEFINE_enum("job_name", "learner", ["learner", "actor", "evaluator"],
                   "Which worker this process is. evaluator: the test worker, which plays the "
                   "current policy greedily every --test_every_s (eval.csv, TensorBoard eval/).")
@@ -231,23 +233,33 @@ def run_test():
     source = FLAGS.load_model_url or FLAGS.logdir
     agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length)
     prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
-    env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False)
-    step = tf.function(lambda o, f, s: agent(o, f, s))
-    returns, lengths = [], []
-    obs, _ = env.reset(seed=FLAGS.seed + 12345)
-    first, state = True, agent.initial_state(1)
+    env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False,
+                        render_mode="rgb_array" if FLAGS.render else None)
+    frames = []
+    if FLAGS.render:
+        os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+        env.reset()
+        try:
+            env.render()
+        except Exception as e:  # e.g. MuJoCo without an OpenGL context on a headless machine
+            raise UsageError("--render: %s cannot render on this machine (%s: %s)"
+                             % (FLAGS.level_name, type(e).__name__, str(e).splitlines()[0][:200]))
+
+    @tf.function
+    def sample(o, f, s):  # the policy as trained: actions sampled from the softmax
+        out, s = agent(o, f, s)
+        return out.action, s
+
+    def policy(o, f, s):
+        if FLAGS.render and len(frames) < 4000:
+            frames.append(env.render())
+        return sample(o, f, s)
+
     start = time.time()
-    while len(returns) < FLAGS.test_num_episodes:
-        out, state = step(tf.constant(obs[None]), tf.constant([first]), state)
-        obs, _, terminated, truncated, info = env.step(int(out.action.numpy()[0]))
-        first = terminated or truncated
-        if first:
-            obs, _ = env.reset()
-        if "episode" in info:
-            returns.append(float(np.asarray(info["episode"]["r"])))
-            lengths.append(int(np.asarray(info["episode"]["l"])))
-            log("[test] episode %d/%d: return %.1f, length %d"
-                % (len(returns), FLAGS.test_num_episodes, returns[-1], lengths[-1]))
+    returns, lengths = actor_lib.play_episodes(
+        policy, agent, env, FLAGS.test_num_episodes, seed=FLAGS.seed + 12345,
+        on_episode=lambda rs, ls: log("[test] episode %d/%d: return %.1f, length %d"
+                                      % (len(rs), FLAGS.test_num_episodes, rs[-1], ls[-1])))
     env.close()
     result = {"checkpoint": prefix, "level_name": FLAGS.level_name, "episodes": len(returns),
               "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
@@ -257,6 +269,11 @@ def run_test():
     run_dir = source if os.path.isdir(source) else os.path.dirname(os.path.dirname(prefix))
     with open(os.path.join(run_dir, "test_results.json"), "w") as f:
         json.dump(result, f, indent=2)
+    if FLAGS.render and frames:
+        import imageio
+        gif = os.path.join(run_dir, "test_episodes.gif")
+        imageio.mimsave(gif, [fr for fr in frames[::2] if fr is not None], duration=1 / 30, loop=0)
+        log("[test] wrote %s (%d frames)" % (gif, len(frames[::2])))
     return 0
 
 

@@ -124,12 +124,26 @@ class LearnerTransport:
         self.sess.run(self._g.init)
         self.capacity = capacity
 
+    def _run(self, fetches, feed=None, tries=5):
+        """sess.run that retries AbortedError: under heavy load gRPC may resend a request,
+        and TF's worker then rejects the copy ("The same RunGraph request was received
+        twice"). Size reads and weight publishing are idempotent; a dequeue that failed
+        this way took nothing from the queue."""
+        for attempt in range(tries):
+            try:
+                return self.sess.run(fetches, feed)
+            except tf.errors.AbortedError as e:
+                if attempt == tries - 1:
+                    raise
+                print("[transport] WARNING: retrying after a transient gRPC error: %s"
+                      % (e.message or "").splitlines()[0][:160], flush=True)
+                time.sleep(0.05 * (attempt + 1))
+
     def publish(self, flat_weights: np.ndarray, version: int):
-        self.sess.run(self._g.publish, {self._g.weights_in: flat_weights,
-                                        self._g.version_in: version})
+        self._run(self._g.publish, {self._g.weights_in: flat_weights, self._g.version_in: version})
 
     def size(self) -> int:
-        return int(self.sess.run(self._g.size))
+        return int(self._run(self._g.size))
 
     def try_dequeue(self, n=None):
         """A batch dict of [n, ...] arrays (n defaults to the batch size B), or None if
@@ -141,7 +155,7 @@ class LearnerTransport:
         n = self.batch_size if n is None else int(n)
         if self.size() < n:
             return None
-        return self.sess.run(self._g.dequeue, {self._g.dequeue_n: n})
+        return self._run(self._g.dequeue, {self._g.dequeue_n: n})
 
     def close(self):
         """Closes the queue: blocked and later enqueues fail, so actors stop."""

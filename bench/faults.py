@@ -148,7 +148,7 @@ def scenario_kill_horovod_rank(base, work):
         rank1[0].kill()
         c.learner.wait(timeout=60)
         detect = time.time() - t_kill
-        stopped = wait_for(lambda: all(p.poll() is not None for p in c.actor_procs), 60)
+        stopped = wait_for(lambda: all(p.poll() is not None for p in c.actor_procs), 120)
         everything_gone = time.time() - t_kill
         prefix, ckpt_frames = newest_checkpoint_frames(logdir)
     finally:

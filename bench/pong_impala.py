@@ -87,11 +87,14 @@ def main():
     with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
         code = cluster.wait()
     wall = time.time() - t0
-    rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
-    summary = json.load(open(os.path.join(logdir, "summary.json")))
-    log_tail = open(os.path.join(logdir, "logs", "learner.log")).read().splitlines()[-4:]
+    def read(name, how):
+        path = os.path.join(logdir, name)
+        return how(open(path)) if os.path.exists(path) else None
+    rows = read("metrics.csv", lambda f: list(csv.DictReader(f))) or []
+    summary = read("summary.json", json.load)
+    log_tail = (read(os.path.join("logs", "learner.log"), lambda f: f.read()) or "").splitlines()[-25:]
     shutil.rmtree(logdir, ignore_errors=True)
-    if code != 0 or not rows:
+    if code != 0 or not rows or summary is None:
         print("training failed (exit %s):\n%s" % (code, "\n".join(log_tail)))
         return 1
     fps = sorted(float(r["fps"]) for r in rows[1:] or rows)

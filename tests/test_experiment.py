@@ -132,10 +132,11 @@ def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     # First returns after resume are in line with those before (not back to random ~22).
     assert summary2["mean_return_20"] >= 0.5 * returns_before, (returns_before, summary2)
 
-    r = _run_experiment(["--mode=test", "--load_model_url=" + logdir, "--test_num_episodes=3"])
+    r = _run_experiment(["--mode=test", "--load_model_url=" + logdir, "--test_num_episodes=3", "--render"])
     assert r.returncode == 0, r.stderr
     result = json.load(open(os.path.join(logdir, "test_results.json")))
     assert result["episodes"] == 3 and result["mean_return"] > 0
+    assert os.path.getsize(os.path.join(logdir, "test_episodes.gif")) > 1000
 
 
 def test_actor_death_is_survived(tmp_path):

@@ -123,8 +123,8 @@ def main():
         "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
         "| bottleneck | %s |" % tb["bottleneck"], "",
-        "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d`" % (
-            a.frames, a.actors, a.envs_per_actor)]
+        "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d%s`" % (
+            a.frames, a.actors, a.envs_per_actor, "".join(" --extra=" + e for e in a.extra))]
     with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:

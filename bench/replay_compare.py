@@ -79,7 +79,9 @@ def main():
         mem = sum(v.get("nbytes", 0) for k, v in replay.items() if isinstance(v, dict))
         results.append({"variant": name, "frames": summary["frames"], "seconds": round(summary["elapsed_s"], 1),
                         "final_mean_return_20": summary["mean_return_20"],
-                        "best_mean_return_20": max(rets) if rets else float("nan"),
+                        # the final figure (at the stop) can come after the last progress line
+                        "best_mean_return_20": max((x for x in rets + [summary["mean_return_20"]] if x == x),
+                                                   default=float("nan")),
                         "env_frames_per_s": summary["frames"] / max(summary["elapsed_s"], 1e-9),
                         "learner_samples_per_s": samples_per_s, "updates": updates,
                         "replay_memory_mb": mem / 2 ** 20, "wall_s": wall})

@@ -106,9 +106,11 @@ class Sender:
                 continue
         return time.perf_counter() - t0
 
-    def drain(self):
-        """Waits until the unroll in hand is sent (or failed)."""
-        while self.inbox.unfinished_tasks and not self.stopper() and self.outcome is None:
+    def drain(self, timeout_s=10.0):
+        """Waits (at most timeout_s) until the unroll in hand is sent or failed."""
+        deadline = time.time() + timeout_s
+        while (self.inbox.unfinished_tasks and not self.stopper() and self.outcome is None
+               and time.time() < deadline):
             time.sleep(0.01)
 
     def close(self):
@@ -126,6 +128,8 @@ def _connect(client, timeout_s, stopper, log):
     thread = threading.Thread(target=lambda: result.update(ok=client.connect(timeout_s, stopper, log)),
                               daemon=True)
     thread.start()
+    # Session creation to a dead host can block past connect()'s own deadline: bound it here.
+    deadline = time.time() + timeout_s + 10.0
     while thread.is_alive():
         thread.join(0.2)
         if stopper() and thread.is_alive():
@@ -133,6 +137,10 @@ def _connect(client, timeout_s, stopper, log):
             if thread.is_alive():
                 log("actor: stopped while still connecting to %s; exiting" % client.target)
                 os._exit(0)
+        if time.time() > deadline and thread.is_alive():
+            log("giving up on learner %s after %.0f s (the connection attempt hangs)"
+                % (client.target, timeout_s))
+            return False
     return result.get("ok", False)
 
 
@@ -165,6 +173,7 @@ def run(flags, task, log=print):
     buf["actor_id"][:] = task
     timing = np.zeros(3, np.float64)  # env, inference, transfer
     sender = Sender(client, stopper)
+    gave_up = False
     while not stopper():
         t0 = time.perf_counter()
         try:
@@ -176,6 +185,7 @@ def run(flags, task, log=print):
             log("actor %d: learner %s unreachable, reconnecting" % (task, learner))
             client.reset()
             if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
+                gave_up = not stopper()
                 break
             continue
         timing[2] += time.perf_counter() - t0
@@ -223,14 +233,15 @@ def run(flags, task, log=print):
             sender.close()
             client.reset()
             if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
+                gave_up = not stopper()
                 break
             sender = Sender(client, stopper)
     sender.drain()
     sender.close()
     _close(env_list)
     client.reset()
-    log("actor %d: stopped after %d unrolls" % (task, sender.sent))
-    return 0
+    log("actor %d: stopped after %d unrolls%s" % (task, sender.sent, "; gave up on the learner" if gave_up else ""))
+    return 3 if gave_up else 0
 
 
 def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=None, seed=None):
@@ -318,6 +329,8 @@ def _enqueue(client, buf, stopper):
             client.enqueue(buf, timeout_ms=2000)
             return "sent"
         except tf.errors.DeadlineExceededError:
+            if not client.alive():  # a dead learner also times out: it answers nothing
+                return "lost"
             continue  # queue full: the learner is the bottleneck; keep waiting
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
             return "closed"

@@ -220,7 +220,12 @@ def run_learner():
 
 def run_actor():
     import actor as actor_lib
-    return actor_lib.run(FLAGS, FLAGS.task, log=log)
+    code = actor_lib.run(FLAGS, FLAGS.task, log=log)
+    # A connection attempt abandoned in a helper thread can block interpreter shutdown
+    # inside TensorFlow; the actor has nothing left to save, so leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_test():

@@ -232,6 +232,15 @@ class ActorClient:
         self.version = int(version)
         return self.version, weights
 
+    def alive(self, timeout_ms: int = 3000) -> bool:
+        """Whether the learner answers a small read: a full queue times out enqueues,
+        but a live learner still answers; a dead one does not."""
+        try:
+            self.sess.run(self._g.read_version, options=v1.RunOptions(timeout_in_ms=timeout_ms))
+            return True
+        except tf.errors.OpError:
+            return False
+
     def enqueue(self, batch: dict, timeout_ms: int = 5000):
         """Enqueues E unrolls ([E, ...] arrays). Raises DeadlineExceededError when the
         queue stayed full for `timeout_ms` (the caller retries), CancelledError or

@@ -153,6 +153,8 @@ def scenario_kill_horovod_rank(base, work):
         prefix, ckpt_frames = newest_checkpoint_frames(logdir)
     finally:
         c.stop()
+    actor_exits = [p.returncode for p in c.actor_procs]
+    shutil.copytree(os.path.join(logdir, "logs"), os.path.join(logdir, "logs_before_resume"))
     c2 = LocalCluster(2, base, ["--mode=train_w_load", "--load_model_url=" + logdir,
                                 "--total_environment_frames=%d" % (ckpt_frames + 8000)], logdir,
                       num_learners=2).start()
@@ -162,9 +164,10 @@ def scenario_kill_horovod_rank(base, work):
         c2.stop()
     m = re.search(r"resumed from \S+ at (\d+) frames", log_text(logdir))
     return {"fault": "SIGKILL 1 of 2 Horovod ranks", "detected_s": detect,
-            "what_happened": "mpirun ended the job (exit %s) in %.1f s; all actors exited by %.0f s; train_w_load "
+            "what_happened": "mpirun ended the job (exit %s) in %.1f s; %s by %.0f s (exit codes %s); train_w_load "
                              "with 2 ranks resumed at %s frames and finished (exit %s)"
-                             % (c.learner.returncode, detect, everything_gone, m.group(1) if m else "?", code),
+                             % (c.learner.returncode, detect, "all actors exited" if stopped else "actors still running",
+                                everything_gone, actor_exits, m.group(1) if m else "?", code),
             "lost": "frames since the last checkpoint", "ok": bool(stopped and code == 0 and m)}
 
 

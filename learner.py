@@ -119,6 +119,10 @@ class Learner:
                 specs, flags.batch_size, seed=flags.seed * 1000 + rank,
                 total_updates=max(1, flags.total_environment_frames // live_per_update))
         self.replay_state_path = os.path.join(self.ckpt_dir, "replay_state.pkl")
+        # Prioritised sampling/insertion needs the current policy's features; uniform does not.
+        self._features_fn = self.features if self.mixer is not None and any(
+            b.spec.sample_strategy != "uniform" or b.spec.insert_strategy != "fifo"
+            for b in self.mixer.buffers) else None
 
     def live_needed(self):
         """Fresh unrolls the next update takes from the queue: the queue's share of the
@@ -126,22 +130,15 @@ class Learner:
         actors always move the run forward)."""
         if self.mixer is None:
             return self.flags.batch_size
-        counts = self.mixer.counts()
-        need = sum(max(0, counts[b.index] - len(b)) for b in self.mixer.buffers)
-        if self.mixer.queue is not None:
-            need += max(0, counts[self.mixer.queue.index] - len(self.mixer.queue.carry))
-        return max(1, need)
+        return max(1, self.mixer.live_needed())
 
     def make_batch(self, live):
         """The training batch ([B, ...] arrays) from the live unrolls (and replay)."""
         if self.mixer is None:
             return live
         items = replay_lib.split_batch(live)
-        fn = self.features if any(b.spec.sample_strategy != "uniform"
-                                  or b.spec.insert_strategy != "fifo"
-                                  for b in self.mixer.buffers) else None
-        chosen = self.mixer.sample(items, fn)
-        self.mixer.add(items, fn)
+        chosen = self.mixer.sample(items, self._features_fn)
+        self.mixer.add(items, self._features_fn)
         return replay_lib.stack_items(chosen)
 
     # -- one update -----------------------------------------------------

@@ -587,6 +587,16 @@ class ReplayMixer:
         """Items per source (in spec order) for the next batch; sums to batch_size."""
         return _apportion(self._ratios * self.batch_size + self._carry, self.batch_size).tolist()
 
+    def live_needed(self):
+        """Fresh unrolls the next sample() should be given: the queue's share of the batch
+        beyond what the queue carries over, plus what the buffers still filling up lack.
+        Passing that many always satisfies sample()."""
+        counts = self.counts()
+        need = sum(max(0, counts[b.index] - len(b)) for b in self.buffers)
+        if self.queue is not None:
+            need += max(0, counts[self.queue.index] - len(self.queue.carry))
+        return need
+
     def add(self, items, features_fn=None):
         """Copies every live unroll into every replay buffer (the queue only takes what sample() is given)."""
         for b in self.buffers:

@@ -70,16 +70,32 @@ class Stopper:
         return self.stop
 
 
+ENQUEUE_BACKSTOP_MS = 120_000
+
+
 class Sender:
     """Enqueues unrolls from a background thread so the envs keep stepping
     while the previous unroll travels. Holds at most one unroll in hand: when
-    the learner's queue is full, `send` blocks, which keeps the backpressure."""
+    the learner's queue is full, `send` blocks, which keeps the backpressure.
+
+    An enqueue waits as long as the learner's queue stays full: a timeout would
+    cancel it half-way (TF queues keep the unrolls already inserted, so a retry
+    duplicates them) and, with several actors, a retry goes to the back of the
+    line -- measured: one of two Pong actors starved for minutes with a 2 s
+    timeout. Whether the learner is still there is asked separately, by a small
+    read from the waiting main thread (`check_learner`)."""
+
+    PROBE_AFTER_S = 10.0  # an enqueue blocked this long makes the main thread ask
+    PROBE_EVERY_S = 5.0
+    PROBE_FAILURES = 2  # consecutive unanswered probes that mean "lost"
 
     def __init__(self, client, stopper):
         self.client, self.stopper = client, stopper
         self.inbox = queue.Queue(maxsize=1)
-        self.outcome = None  # set to 'closed' / 'lost' by the thread
+        self.outcome = None  # set to 'closed' / 'lost' by the thread or by check_learner
         self.sent = 0
+        self.busy_since = None  # when the enqueue in progress started
+        self._next_probe, self._failures = 0.0, 0
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
@@ -88,12 +104,25 @@ class Sender:
             item = self.inbox.get()
             if item is None:
                 return
+            self.busy_since = time.time()
             outcome = _enqueue(self.client, item, self.stopper)
+            self.busy_since = None
             if outcome == "sent":
                 self.sent += 1
-            elif outcome != "stopped":
+            elif outcome != "stopped" and self.outcome is None:
                 self.outcome = outcome
             self.inbox.task_done()
+
+    def check_learner(self):
+        """Called while waiting on the sender: marks the learner lost when an enqueue
+        has been blocked for a while and the learner stops answering small reads."""
+        since, now = self.busy_since, time.time()
+        if since is None or now - since < self.PROBE_AFTER_S or now < self._next_probe:
+            return
+        self._next_probe = now + self.PROBE_EVERY_S
+        self._failures = 0 if self.client.alive() else self._failures + 1
+        if self._failures >= self.PROBE_FAILURES and self.outcome is None:
+            self.outcome = "lost"
 
     def send(self, buf):
         """Returns the time spent waiting for the previous unroll to go."""
@@ -103,7 +132,7 @@ class Sender:
                 self.inbox.put({k: v.copy() for k, v in buf.items()}, timeout=0.5)
                 break
             except queue.Full:
-                continue
+                self.check_learner()
         return time.perf_counter() - t0
 
     def drain(self, timeout_s=10.0):
@@ -144,6 +173,13 @@ def _connect(client, timeout_s, stopper, log):
     return result.get("ok", False)
 
 
+def _reconnect(client, flags, stopper, log, why):
+    """Drops the session and connects again; False when the learner stays away."""
+    log(why)
+    client.reset()
+    return _connect(client, flags.actor_reconnect_timeout_s, stopper, log)
+
+
 def run(flags, task, log=print):
     learner_hosts = flags.learner_hosts
     learner = learner_hosts[task % len(learner_hosts)]
@@ -182,9 +218,8 @@ def run(flags, task, log=print):
                 set_weights(tf.constant(new[1]))
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
                 tf.errors.FailedPreconditionError, tf.errors.NotFoundError):
-            log("actor %d: learner %s unreachable, reconnecting" % (task, learner))
-            client.reset()
-            if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
+            if not _reconnect(client, flags, stopper, log,
+                              "actor %d: learner %s unreachable, reconnecting" % (task, learner)):
                 gave_up = not stopper()
                 break
             continue
@@ -229,10 +264,9 @@ def run(flags, task, log=print):
             log("actor %d: learner closed its queue (run finished); exiting" % task)
             break
         if sender.outcome == "lost":
-            log("actor %d: lost learner %s, reconnecting" % (task, learner))
             sender.close()
-            client.reset()
-            if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
+            if not _reconnect(client, flags, stopper, log,
+                              "actor %d: lost learner %s, reconnecting" % (task, learner)):
                 gave_up = not stopper()
                 break
             sender = Sender(client, stopper)
@@ -323,15 +357,17 @@ def run_evaluator(flags, logdir, log=print):
 
 
 def _enqueue(client, buf, stopper):
-    """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'stopped'."""
+    """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'stopped'.
+    The long timeout is only a backstop (Sender.check_learner notices a silent learner
+    sooner); it is never hit while the learner drains its queue."""
     while not stopper():
         try:
-            client.enqueue(buf, timeout_ms=2000)
+            client.enqueue(buf, timeout_ms=ENQUEUE_BACKSTOP_MS)
             return "sent"
         except tf.errors.DeadlineExceededError:
             if not client.alive():  # a dead learner also times out: it answers nothing
                 return "lost"
-            continue  # queue full: the learner is the bottleneck; keep waiting
+            continue  # queue full for a long time: the learner is the bottleneck; keep waiting
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
             return "closed"
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.FailedPreconditionError,

@@ -64,7 +64,9 @@ flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global nor
 flags.DEFINE_float("learning_rate", 0.00048, "RMSProp learning rate (linearly decayed to 0).")
 flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
 flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
-flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon.")
+flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon, inside the square root as in TF1 and "
+                   "Sonnet: step = lr * g / sqrt(ms + epsilon). With Atari's gradients the default "
+                   "0.1 dominates ms and shrinks steps several-fold; bench/pong_impala.py uses 1e-5.")
 
 flags.DEFINE_string("replay_parameters", '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
                     "JSON list of batch sources (queue = live unrolls, standard, custom) with "

@@ -92,7 +92,6 @@ class Learner:
             flags.level_name, flags.agent_name, flags.unroll_length)
         self.variables = self.agent.trainable_variables
         self.frames_per_step = flags.num_action_repeats or (4 if self.env_spec.is_atari else 1)
-        self.frames_per_update = size * flags.batch_size * flags.unroll_length * self.frames_per_step
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
         self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")
         self.learning_rate = tf.Variable(flags.learning_rate, dtype=tf.float32, trainable=False)
@@ -112,12 +111,13 @@ class Learner:
         # Replay (--replay_parameters): None when the batch is all live unrolls.
         specs = replay_lib.parse_replay_parameters(flags.replay_parameters)
         self.mixer = None
+        live_share = sum(s.sample_ratio for s in specs if s.type == "queue")
+        # New env frames per update once replay is full (all ranks): what the counters advance by.
+        self.live_frames_per_update = size * max(1, round(live_share * flags.batch_size)) * self.frames_per_unroll
         if not (len(specs) == 1 and specs[0].type == "queue"):
-            live_share = sum(s.sample_ratio for s in specs if s.type == "queue")
-            live_per_update = size * max(1, round(live_share * flags.batch_size)) * self.frames_per_unroll
             self.mixer = replay_lib.ReplayMixer(
                 specs, flags.batch_size, seed=flags.seed * 1000 + rank,
-                total_updates=max(1, flags.total_environment_frames // live_per_update))
+                total_updates=max(1, flags.total_environment_frames // self.live_frames_per_update))
         self.replay_state_path = os.path.join(self.ckpt_dir, "replay_state.pkl")
         # Prioritised sampling/insertion needs the current policy's features; uniform does not.
         self._features_fn = self.features if self.mixer is not None and any(
@@ -307,6 +307,12 @@ class Heartbeats:
                 self.silent.discard(a)
                 self.log("[learner %d] actor %d is sending again" % (self.rank, a))
 
+    def alive(self, last_seen):
+        """Actors heard from within --actor_timeout_s (the window the warnings use)."""
+        now = time.time()
+        return sum(1 for a in self.actor_ids
+                   if a in last_seen and now - last_seen[a] <= self.timeout_s)
+
 
 def save_or_report(learner, log, rank):
     """A checkpoint, or None with an error line naming the folder when the disk is full or
@@ -339,9 +345,9 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print,
     tp = transport.LearnerTransport(learner_address, learner.spec, capacity, flags.batch_size)
     version = int(learner.update_step.numpy())
     tp.publish(learner.flat_weights(), version)
-    log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d frames/update"
+    log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d new frames/update"
         % (rank, size, learner_address, flags.level_name, flags.agent_name, flags.batch_size,
-           flags.unroll_length, num_actors, learner.frames_per_update))
+           flags.unroll_length, num_actors, learner.live_frames_per_update))
 
     writer = tf.summary.create_file_writer(logdir) if learner.is_chief else None
     metrics_path = os.path.join(logdir, "metrics.csv")
@@ -423,7 +429,8 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print,
             fps = (frames - last_log_frames) / (now - last_log)
             fill = tp.size() / capacity
             _log_progress(log, rank, frames, total, fps, st, fill, now - start,
-                          (total - frames) / max(fps, 1e-9), step_stats, num_actors)
+                          (total - frames) / max(fps, 1e-9), step_stats, num_actors,
+                          beats.alive(st.last_seen))
             if learner.is_chief:
                 with writer.as_default(step=frames):
                     tf.summary.scalar("frames_per_second", fps)
@@ -470,8 +477,7 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print,
     return exit_code
 
 
-def _log_progress(log, rank, frames, total, fps, st, fill, elapsed, eta, step_stats, num_actors):
-    alive = sum(1 for t in st.last_seen.values() if time.time() - t < 60)
+def _log_progress(log, rank, frames, total, fps, st, fill, elapsed, eta, step_stats, num_actors, alive):
     eta_s = int(min(eta, 99 * 3600))
     log("[learner %d] frames %s/%s (%4.1f%%) | %6.0f fps | return %7.2f (last 20 of %d eps) | "
         "queue %3.0f%% | lag %.1f | actors %d/%d | loss %.3f | %s elapsed, %s left"

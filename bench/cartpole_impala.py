@@ -3,8 +3,9 @@ local cluster (1 learner + 2 actor processes), for several seeds.
 
   .venv/bin/python bench/cartpole_impala.py --seeds 1 2 3 --budget_s 300
 
-Writes bench/results/cartpole_impala.csv (one row per seed) and .md (table with
-the median), and the learning curves as cartpole_impala_curves.csv/.png. A seed
+Writes bench/results/<tag>.csv (one row per seed) and .md (table with the
+median), and the learning curves as <tag>_curves.csv/.png (tag: cartpole_impala;
+--extra=--flag=value overrides one of the settings below). A seed
 that does not reach the threshold within --budget_s counts as a miss.
 """
 import argparse
@@ -32,10 +33,11 @@ def read_metrics(path):
         return list(csv.DictReader(f))
 
 
-def run_seed(seed, budget_s, threshold, total_frames, base_port):
+def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=()):
     logdir = tempfile.mkdtemp(prefix="cartpole_bench_")
     cluster = LocalCluster(2, base_port, FLAGS + ["--seed=%d" % seed,
-                                                  "--total_environment_frames=%d" % total_frames], logdir)
+                                                  "--total_environment_frames=%d" % total_frames]
+                           + list(extra), logdir)
     t_start = time.time()
     cluster.start()
     hit = None
@@ -72,21 +74,24 @@ def main():
     p.add_argument("--threshold", type=float, default=475.0)
     p.add_argument("--total_frames", type=int, default=4_000_000)
     p.add_argument("--base_port", type=int, default=18700)
+    p.add_argument("--extra", action="append", default=[],
+                   help="one more experiment.py flag, e.g. --extra=--batch_size=8 (repeatable)")
+    p.add_argument("--tag", default="cartpole_impala")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     results, curves = [], []
     for s in a.seeds:
-        r, rows = run_seed(s, a.budget_s, a.threshold, a.total_frames, a.base_port)
+        r, rows = run_seed(s, a.budget_s, a.threshold, a.total_frames, a.base_port, a.extra)
         print("seed %d: %s" % (s, r), flush=True)
         results.append(r)
         curves += [dict(seed=s, time_s=x["time_s"], frames=x["frames"], mean_return_20=x["mean_return_20"])
                    for x in rows]
-    with open(os.path.join(a.out, "cartpole_impala.csv"), "w", newline="") as f:
+    with open(os.path.join(a.out, a.tag + ".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(results[0]))
         w.writeheader()
         w.writerows(results)
-    with open(os.path.join(a.out, "cartpole_impala_curves.csv"), "w", newline="") as f:
+    with open(os.path.join(a.out, a.tag + "_curves.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["seed", "time_s", "frames", "mean_return_20"])
         w.writeheader()
         w.writerows(curves)
@@ -101,9 +106,9 @@ def main():
             r["seed"], "yes" if r["reached"] else "no", r["time_to_threshold_s"], r["frames_to_threshold"],
             r["best_mean_return_20"], r["median_fps"]))
     lines += ["", "Median time to threshold: %s" % ("%.0f s" % median if median != float("inf") else "not reached"),
-              "", "Command: `.venv/bin/python bench/cartpole_impala.py --seeds %s --budget_s %g`"
-              % (" ".join(map(str, a.seeds)), a.budget_s)]
-    with open(os.path.join(a.out, "cartpole_impala.md"), "w") as f:
+              "", "Command: `.venv/bin/python bench/cartpole_impala.py --seeds %s --budget_s %g%s`"
+              % (" ".join(map(str, a.seeds)), a.budget_s, "".join(" --extra=" + e for e in a.extra))]
+    with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:
         import matplotlib
@@ -120,7 +125,7 @@ def main():
         ax.set_title("CartPole-v1, IMPALA, 2 cores")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(os.path.join(a.out, "cartpole_impala_curves.png"), dpi=100)
+        fig.savefig(os.path.join(a.out, a.tag + "_curves.png"), dpi=100)
     except ImportError:
         pass
     print("\n".join(lines))

@@ -67,7 +67,8 @@ def main():
     p.add_argument("--ceiling_s", type=float, default=20.0)
     p.add_argument("--base_port", type=int, default=18800)
     p.add_argument("--tag", default="pong_impala")
-    p.add_argument("--extra", nargs="*", default=[], help="more experiment.py flags")
+    p.add_argument("--extra", action="append", default=[],
+                   help="one more experiment.py flag, e.g. --extra=--epsilon=1e-5 (repeatable)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -80,7 +81,7 @@ def main():
     logdir = tempfile.mkdtemp(prefix="pong_bench_")
     flags = ["--level_name=" + a.level, "--agent_name=SimpleConvNetAgent",
              "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
-             "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % (2 * a.batch_size),
+             "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
              "--total_environment_frames=%d" % a.frames, "--log_every_s=10",
              "--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
     t0 = time.time()
@@ -123,8 +124,10 @@ def main():
         "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
         "| bottleneck | %s |" % tb["bottleneck"], "",
-        "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d%s`" % (
-            a.frames, a.actors, a.envs_per_actor, "".join(" --extra=" + e for e in a.extra))]
+        "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d "
+        "--batch_size %d --unroll_length %d%s`" % (
+            a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length,
+            "".join(" --extra=" + e for e in a.extra))]
     with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:

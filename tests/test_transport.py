@@ -1,0 +1,122 @@
+"""The actor -> learner transport on a real tf.distribute.Server (in this process):
+unrolls from several actors blocked on a full queue all arrive, once each, and an
+actor notices a learner that stops answering while its enqueue is blocked."""
+import threading
+import time
+
+import numpy as np
+
+import actor
+import transport
+from tests.test_experiment import _free_base_port
+
+E, T = 8, 2  # unrolls per enqueue, steps per unroll
+
+
+def _spec():
+    return transport.make_unroll_spec((2,), np.float32, 3, T, [], 10)
+
+
+def _batch(spec, actor_id, seq):
+    buf = {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}
+    buf["actor_id"][:] = actor_id
+    buf["policy_version"][:] = [actor_id * 100000 + seq * E + i for i in range(E)]  # unique marker
+    return buf
+
+
+def test_blocked_actors_all_deliver_each_unroll_exactly_once():
+    # A queue of 4 drained slowly (2 unrolls every 0.3 s) keeps each 8-unroll enqueue
+    # blocked for seconds. A timed-out enqueue would leave part of its unrolls in
+    # the queue and send them again (duplicates) and lose its place in line.
+    spec = _spec()
+    port = _free_base_port()
+    learner = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=4, batch_size=2)
+    learner.publish(np.zeros(10, np.float32), 0)
+    sends_per_actor, stop = 3, threading.Event()
+    senders = []
+
+    def run_actor(actor_id):
+        client = transport.ActorClient("127.0.0.1:%d" % port, spec, 4, 2)
+        assert client.connect(30)
+        sender = actor.Sender(client, stop.is_set)
+        senders.append(sender)
+        for seq in range(sends_per_actor):
+            sender.send(_batch(spec, actor_id, seq))
+        sender.drain(timeout_s=60)
+        sender.close()
+
+    threads = [threading.Thread(target=run_actor, args=(a,), daemon=True) for a in (1, 2)]
+    for t in threads:
+        t.start()
+    got, deadline = [], time.time() + 90
+    want = 2 * sends_per_actor * E
+    while len(got) < want and time.time() < deadline:
+        batch = learner.try_dequeue(2)
+        if batch is None:
+            time.sleep(0.02)
+            continue
+        got.extend(batch["policy_version"].tolist())
+        time.sleep(0.3)
+    time.sleep(0.5)
+    leftover = learner.size()
+    stop.set()
+    learner.close()
+    for t in threads:
+        t.join(10)
+    assert len(got) == want, "got %d of %d unrolls" % (len(got), want)
+    assert len(set(got)) == want, "duplicated unrolls: %d of %d unique" % (len(set(got)), want)
+    assert leftover == 0
+    assert all(s.outcome is None for s in senders)
+    assert sorted(got) == sorted(a * 100000 + k for a in (1, 2) for k in range(sends_per_actor * E))
+
+
+class _StuckClient:
+    """An enqueue that never returns (a learner frozen with its socket open)."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.release = threading.Event()
+        self.probes = 0
+
+    def enqueue(self, buf, timeout_ms):
+        self.release.wait(timeout_ms / 1000.0)
+
+    def alive(self):
+        self.probes += 1
+        return self.answers
+
+
+def _blocked_sender(client, monkeypatch):
+    monkeypatch.setattr(actor.Sender, "PROBE_AFTER_S", 0.3)
+    monkeypatch.setattr(actor.Sender, "PROBE_EVERY_S", 0.1)
+    stop = threading.Event()
+    sender = actor.Sender(client, stop.is_set)
+    buf = _batch(_spec(), 1, 0)
+    sender.send(buf)  # taken by the thread, which blocks in enqueue
+    return sender, buf, stop
+
+
+def test_sender_reports_a_silent_learner_as_lost(monkeypatch):
+    client = _StuckClient(answers=False)
+    sender, buf, stop = _blocked_sender(client, monkeypatch)
+    t0 = time.time()
+    sender.send(buf)  # the inbox slot frees only when the thread is done...
+    sender.send(buf)  # ...so this one waits, probing the learner
+    assert sender.outcome == "lost"
+    assert time.time() - t0 < 5
+    assert client.probes >= actor.Sender.PROBE_FAILURES
+    client.release.set()
+    stop.set()
+
+
+def test_sender_keeps_waiting_on_a_slow_but_live_learner(monkeypatch):
+    client = _StuckClient(answers=True)
+    sender, buf, stop = _blocked_sender(client, monkeypatch)
+    waiter = threading.Thread(target=lambda: (sender.send(buf), sender.send(buf)), daemon=True)
+    waiter.start()
+    time.sleep(1.5)
+    assert sender.outcome is None and client.probes >= 2
+    stop.set()
+    client.release.set()
+    waiter.join(5)
+    assert not waiter.is_alive()

@@ -94,6 +94,7 @@ class Sender:
         self.inbox = queue.Queue(maxsize=1)
         self.outcome = None  # set to 'closed' / 'lost' by the thread or by check_learner
         self.sent = 0
+        self.error = None  # an unexpected exception of the enqueue, if any
         self.busy_since = None  # when the enqueue in progress started
         self._next_probe, self._failures = 0.0, 0
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -105,7 +106,10 @@ class Sender:
             if item is None:
                 return
             self.busy_since = time.time()
-            outcome = _enqueue(self.client, item, self.stopper)
+            try:
+                outcome = _enqueue(self.client, item, self.stopper)
+            except Exception as e:  # never die silently: a dead sender would stall the actor
+                outcome, self.error = "lost", e
             self.busy_since = None
             if outcome == "sent":
                 self.sent += 1
@@ -209,6 +213,7 @@ def run(flags, task, log=print):
     buf["actor_id"][:] = task
     timing = np.zeros(3, np.float64)  # env, inference, transfer
     sender = Sender(client, stopper)
+    sent_before = 0  # unrolls sent by the senders of earlier connections
     gave_up = False
     while not stopper():
         t0 = time.perf_counter()
@@ -216,10 +221,9 @@ def run(flags, task, log=print):
             new = client.fetch_weights_if_new()
             if new is not None:
                 set_weights(tf.constant(new[1]))
-        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
-                tf.errors.FailedPreconditionError, tf.errors.NotFoundError):
-            if not _reconnect(client, flags, stopper, log,
-                              "actor %d: learner %s unreachable, reconnecting" % (task, learner)):
+        except tf.errors.OpError as e:  # any failed read: the session is suspect, start a new one
+            if not _reconnect(client, flags, stopper, log, "actor %d: reading weights from %s failed (%s), "
+                              "reconnecting" % (task, learner, type(e).__name__)):
                 gave_up = not stopper()
                 break
             continue
@@ -265,16 +269,18 @@ def run(flags, task, log=print):
             break
         if sender.outcome == "lost":
             sender.close()
+            why = " (%s: %s)" % (type(sender.error).__name__, sender.error) if sender.error else ""
             if not _reconnect(client, flags, stopper, log,
-                              "actor %d: lost learner %s, reconnecting" % (task, learner)):
+                              "actor %d: lost learner %s%s, reconnecting" % (task, learner, why)):
                 gave_up = not stopper()
                 break
+            sent_before += sender.sent
             sender = Sender(client, stopper)
     sender.drain()
     sender.close()
     _close(env_list)
     client.reset()
-    log("actor %d: stopped after %d unrolls%s" % (task, sender.sent, "; gave up on the learner" if gave_up else ""))
+    log("actor %d: stopped after %d unrolls%s" % (task, sent_before + sender.sent, "; gave up on the learner" if gave_up else ""))
     return 3 if gave_up else 0
 
 

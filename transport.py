@@ -235,8 +235,11 @@ class ActorClient:
     def alive(self, timeout_ms: int = 3000) -> bool:
         """Whether the learner answers a small read: a full queue times out enqueues,
         but a live learner still answers; a dead one does not."""
+        sess = self.sess
+        if sess is None:  # reset() by another thread: not connected
+            return False
         try:
-            self.sess.run(self._g.read_version, options=v1.RunOptions(timeout_in_ms=timeout_ms))
+            sess.run(self._g.read_version, options=v1.RunOptions(timeout_in_ms=timeout_ms))
             return True
         except tf.errors.OpError:
             return False

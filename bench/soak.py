@@ -88,7 +88,14 @@ def main():
             print("%5.0f s  frames %d  queue %.2f  %s" % (row["t_s"], frames, fill, "  ".join(
                 "%s %.0f MB/%d fds" % (n, v[0], v[1]) for n, v in s.items())), flush=True)
     finally:
+        died = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
         cluster.stop()
+        tails = {}
+        for n in died:  # keep the words of any process that died during the soak
+            path = os.path.join(logdir, "logs", n + ".log")
+            if os.path.exists(path):
+                with open(path, errors="replace") as f:
+                    tails[n] = f.read().splitlines()[-15:]
         shutil.rmtree(logdir, ignore_errors=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "soak.csv"), "w", newline="") as f:
@@ -114,6 +121,9 @@ def main():
         np.mean(fills), np.min(fills), np.max(fills), rows[-1]["frames"]) if fills else "",
         "", "Command: `.venv/bin/python bench/soak.py --minutes %g --level %s --agent %s`" % (
             a.minutes, a.level, a.agent)]
+    for n, code in died.items():
+        lines += ["", "**%s exited during the soak (code %s)**; the end of its log:" % (n, code), "", "```"]
+        lines += tails.get(n, ["(no log)"]) + ["```"]
     with open(os.path.join(a.out, "soak.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:

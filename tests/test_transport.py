@@ -120,3 +120,20 @@ def test_sender_keeps_waiting_on_a_slow_but_live_learner(monkeypatch):
     client.release.set()
     waiter.join(5)
     assert not waiter.is_alive()
+
+
+def test_sender_turns_an_unexpected_enqueue_error_into_lost():
+    class Broken:
+        def enqueue(self, buf, timeout_ms):
+            raise ValueError("boom")
+
+        def alive(self):
+            return True
+
+    sender = actor.Sender(Broken(), lambda: False)
+    sender.send(_batch(_spec(), 1, 0))
+    deadline = time.time() + 5
+    while sender.outcome is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert sender.outcome == "lost" and isinstance(sender.error, ValueError)
+    assert sender.busy_since is None

@@ -62,6 +62,15 @@ flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "
                   "Reward clipping in the loss.")
 flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global norm; 0 = off.")
 flags.DEFINE_float("learning_rate", 0.00048, "RMSProp learning rate (linearly decayed to 0).")
+flags.DEFINE_enum("optimizer", "rmsprop", ["rmsprop", "adam"], "rmsprop: TF1's RMSProp as the "
+                  "original IMPALA used it (mean square starts at 1); adam: Adam with --adam_epsilon.")
+flags.DEFINE_float("adam_epsilon", 1e-8, "Adam's epsilon (--optimizer=adam).")
+flags.DEFINE_integer("num_sgd_iter", 1, "Gradient steps on each batch: 1 is IMPALA; 2 or more reuse "
+                     "the batch (APPO); use with --clip_param.")
+flags.DEFINE_float("clip_param", 0.0, "PPO clip of the policy ratio pi/mu in the policy-gradient "
+                   "term (APPO); 0: the plain V-trace policy gradient of IMPALA.")
+flags.DEFINE_float("vtrace_lambda", 1.0, "lambda of the V-trace traces c_s = lambda min(1, pi/mu) "
+                   "(the paper's Retrace-like remark); 1 is IMPALA's, lower trades variance for bias like GAE's lambda.")
 flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
 flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
 flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon, inside the square root as in TF1 and "
@@ -86,7 +95,8 @@ FLAGS = flags.FLAGS
 RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
-             "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters"]
+             "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters",
+             "optimizer", "adam_epsilon", "num_sgd_iter", "clip_param", "vtrace_lambda"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 
@@ -99,13 +109,17 @@ for _name in ("batch_size", "unroll_length", "test_num_episodes", "envs_per_acto
               "total_environment_frames", "queue_capacity"):
     flags.register_validator(_name, lambda v: v is not None and v >= 1,
                              message="must be a positive integer")
-for _name in ("learning_rate", "epsilon"):
+for _name in ("learning_rate", "epsilon", "adam_epsilon"):
     flags.register_validator(_name, lambda v: v > 0, message="must be > 0")
 for _name in ("entropy_cost", "baseline_cost", "gradients_clipping", "momentum"):
     flags.register_validator(_name, lambda v: v >= 0, message="must be >= 0")
 flags.register_validator("discounting", lambda v: 0 <= v <= 1, message="must be in [0, 1]")
 flags.register_validator("decay", lambda v: 0 <= v < 1, message="must be in [0, 1)")
 flags.register_validator("task", lambda v: v >= 0, message="must be >= 0")
+flags.register_validator("num_sgd_iter", lambda v: v is not None and 1 <= v <= 32,
+                         message="must be an integer from 1 to 32")
+flags.register_validator("vtrace_lambda", lambda v: 0 < v <= 1, message="must be in (0, 1]")
+flags.register_validator("clip_param", lambda v: 0 <= v < 1, message="must be in [0, 1) (0 = off)")
 flags.register_validator("actor_threads", lambda v: v >= 0, message="must be >= 0")
 flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
                          message="must be a comma-separated list of host:port (port 1-65535)")

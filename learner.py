@@ -51,9 +51,18 @@ def compute_losses(agent_out, batch, flags):
     vt = vtrace.from_logits(
         behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=logits,
         actions=batch["action"], discounts=discounts, rewards=rewards, values=values,
-        bootstrap_value=bootstrap_value)
-    # Policy gradient: -sum log pi(a_s|x_s) * rho_s (r_s + gamma v_{s+1} - V(x_s)).
-    pg_loss = tf.reduce_sum(-vt.target_action_log_probs * vt.pg_advantages)
+        bootstrap_value=bootstrap_value, lambda_=getattr(flags, "vtrace_lambda", 1.0))
+    clip = getattr(flags, "clip_param", 0.0)
+    if clip > 0:
+        # APPO (RLlib): PPO's clipped surrogate on the V-trace advantages, with the ratio
+        # r_s = pi(a_s|x_s) / mu(a_s|x_s) against the behaviour policy. It bounds how far
+        # one batch may move the policy when the learner reuses it (--num_sgd_iter > 1).
+        ratio = tf.exp(vt.log_rhos)
+        pg_loss = -tf.reduce_sum(tf.minimum(
+            ratio * vt.pg_advantages, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * vt.pg_advantages))
+    else:
+        # Policy gradient: -sum log pi(a_s|x_s) * rho_s (r_s + gamma v_{s+1} - V(x_s)).
+        pg_loss = tf.reduce_sum(-vt.target_action_log_probs * vt.pg_advantages)
     # Baseline: 1/2 sum (v_s - V(x_s))^2, weighted by baseline_cost.
     baseline_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values)) * flags.baseline_cost
     # Entropy bonus: minimise -H(pi).
@@ -65,6 +74,33 @@ def compute_losses(agent_out, batch, flags):
     return total, {"pg_loss": pg_loss, "baseline_loss": baseline_loss,
                    "entropy": tf.reduce_mean(entropy), "total_loss": total,
                    "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos))}
+
+
+def make_optimizer(flags, learning_rate, variables):
+    """--optimizer with its slots created now (so that a restore fills them).
+
+    rmsprop: TF1's tf.train.RMSPropOptimizer, which the original IMPALA used:
+      ms <- decay ms + (1 - decay) g^2;  step = lr g / sqrt(ms + epsilon), with ms
+      starting at ONE. Sonnet 2's RMSProp starts ms at zero, so its first steps are
+      about 1/sqrt(1 - decay) = 10x lr in the sign of the gradient: on Pong that left
+      14 of the 16 first-layer filters dead after 100 updates (measured; 5 of 16 with
+      ms starting at one), so ms is set to one here.
+    adam: Adam (beta1 0.9, beta2 0.999, --adam_epsilon), bias-corrected, so it has no
+      such start-up burst; RLlib's IMPALA/APPO default.
+    """
+    if flags.optimizer == "adam":
+        optimizer = snt.optimizers.Adam(learning_rate, epsilon=flags.adam_epsilon)
+    else:
+        optimizer = snt.optimizers.RMSProp(learning_rate, decay=flags.decay,
+                                           momentum=flags.momentum, epsilon=flags.epsilon)
+    # A zero update creates the slots and changes no weight.
+    optimizer.apply([tf.zeros_like(v) for v in variables], variables)
+    if flags.optimizer == "adam":
+        optimizer.step.assign(0)  # the zero update counted as a step: undo for the bias correction
+    else:
+        for ms in optimizer.ms:
+            ms.assign(tf.ones_like(ms))
+    return optimizer
 
 
 def to_time_major(batch, names):
@@ -95,11 +131,7 @@ class Learner:
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
         self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")
         self.learning_rate = tf.Variable(flags.learning_rate, dtype=tf.float32, trainable=False)
-        self.optimizer = snt.optimizers.RMSProp(self.learning_rate, decay=flags.decay,
-                                                momentum=flags.momentum, epsilon=flags.epsilon)
-        # Create the optimizer's slots now (a zero update changes nothing for RMSProp)
-        # so that a restore fills them instead of deferring.
-        self.optimizer.apply([tf.zeros_like(v) for v in self.variables], self.variables)
+        self.optimizer = make_optimizer(flags, self.learning_rate, self.variables)
         self.ckpt = tf.train.Checkpoint(agent=self.agent, optimizer=self.optimizer,
                                         num_env_frames=self.num_env_frames,
                                         update_step=self.update_step)
@@ -160,19 +192,25 @@ class Learner:
         return [logits[:, i] for i in range(len(items))]
 
     def _step(self, batch, new_frames):
-        with tf.GradientTape() as tape:
-            out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
-            loss, stats = compute_losses(out, batch, self.flags)
-        if self.size > 1:
-            tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, self.variables)
-        grad_norm = tf.linalg.global_norm(grads)
-        if self.flags.gradients_clipping > 0:
-            grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
         # Linear decay of the learning rate to 0 over total_environment_frames.
         frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
         self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
-        self.optimizer.apply(grads, self.variables)
+        # --num_sgd_iter gradient steps on the same batch (1: IMPALA; more: APPO-style reuse,
+        # V-trace corrects for the policy having moved since the actors acted).
+        for i in range(self.flags.num_sgd_iter):
+            with tf.GradientTape() as tape:
+                out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
+                loss, pass_stats = compute_losses(out, batch, self.flags)
+            if self.size > 1:
+                tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, self.variables)
+            grad_norm = tf.linalg.global_norm(grads)
+            if self.flags.gradients_clipping > 0:
+                grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
+            self.optimizer.apply(grads, self.variables)
+            if i == 0:  # the figures of the batch as it arrived
+                stats, first_grad_norm = pass_stats, grad_norm
+        grad_norm = first_grad_norm
         self.num_env_frames.assign_add(new_frames)
         self.update_step.assign_add(1)
         stats["grad_norm"] = grad_norm

@@ -8,7 +8,11 @@ The behaviour policy mu produced the actions; the target policy pi is the
 learner's current policy. With truncated importance weights
 
     rho_s = min(rho_bar, pi(a_s|x_s) / mu(a_s|x_s))                      (clip_rho_threshold)
-    c_s   = min(1,       pi(a_s|x_s) / mu(a_s|x_s))                      (the "trace cutting")
+    c_s   = lambda min(1, pi(a_s|x_s) / mu(a_s|x_s))                     (the "trace cutting")
+
+(lambda = 1 is the paper's main form; lambda < 1 is its remark borrowed from Retrace(lambda): like
+GAE's lambda, it trades variance for bias, and an on-policy lambda < 1 turns v_s into a
+lambda-return.)
 
 the n-step V-trace target for V(x_s) is (equation 1 of the paper)
 
@@ -55,7 +59,7 @@ def log_probs_from_logits_and_actions(policy_logits, actions):
 
 def from_logits(behaviour_policy_logits, target_policy_logits, actions, discounts,
                 rewards, values, bootstrap_value, clip_rho_threshold=1.0,
-                clip_pg_rho_threshold=1.0, name="vtrace_from_logits"):
+                clip_pg_rho_threshold=1.0, lambda_=1.0, name="vtrace_from_logits"):
     """V-trace for softmax policies given as logits.
 
     behaviour_policy_logits, target_policy_logits: [T, B, NUM_ACTIONS] float32.
@@ -79,7 +83,7 @@ def from_logits(behaviour_policy_logits, target_policy_logits, actions, discount
         vtrace_returns = from_importance_weights(
             log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values,
             bootstrap_value=bootstrap_value, clip_rho_threshold=clip_rho_threshold,
-            clip_pg_rho_threshold=clip_pg_rho_threshold)
+            clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=lambda_)
         return VTraceFromLogitsReturns(
             vs=vtrace_returns.vs, pg_advantages=vtrace_returns.pg_advantages,
             log_rhos=log_rhos, behaviour_action_log_probs=behaviour_action_log_probs,
@@ -87,13 +91,14 @@ def from_logits(behaviour_policy_logits, target_policy_logits, actions, discount
 
 
 def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_value,
-                            clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0,
+                            clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0, lambda_=1.0,
                             name="vtrace_from_importance_weights"):
     """V-trace from log importance weights log(pi(a_s|x_s) / mu(a_s|x_s)).
 
     log_rhos, discounts, rewards, values: [T, B] float32; bootstrap_value: [B].
     clip_rho_threshold: rho_bar, or None for no clipping of rho_s.
     clip_pg_rho_threshold: rho_bar_pg for the advantages, or None for no clipping.
+    lambda_: the trace's lambda in (0, 1] (1: the paper's main V-trace).
     Returns VTraceReturns(vs, pg_advantages), both [T, B], gradient-free.
     """
     with tf.name_scope(name):
@@ -114,13 +119,15 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
                                  ("clip_pg_rho_threshold", clip_pg_rho_threshold)):
             if threshold is not None and not threshold > 0:
                 raise ValueError(f"{label} must be > 0 or None, got {threshold}")
+        if not 0 < lambda_ <= 1:
+            raise ValueError(f"lambda_ must be in (0, 1], got {lambda_}")
 
         rhos = tf.exp(log_rhos)
         if clip_rho_threshold is not None:
             clipped_rhos = tf.minimum(float(clip_rho_threshold), rhos)
         else:
             clipped_rhos = rhos
-        cs = tf.minimum(1.0, rhos)
+        cs = lambda_ * tf.minimum(1.0, rhos)
 
         # V(x_{s+1}) for every s, with V(x_T) = bootstrap_value.
         values_t_plus_1 = tf.concat([values[1:], bootstrap_value[tf.newaxis]], axis=0)

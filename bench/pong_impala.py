@@ -104,9 +104,9 @@ def main():
 
     with open(os.path.join(a.out, a.tag + ".csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["time_s", "frames", "fps", "mean_return_20", "episodes"])
+        w.writerow(["time_s", "frames", "fps", "mean_return_20", "episodes", "entropy"])
         for r in rows:
-            w.writerow([r["time_s"], r["frames"], r["fps"], r["mean_return_20"], r["episodes"]])
+            w.writerow([r["time_s"], r["frames"], r["fps"], r["mean_return_20"], r["episodes"], r["entropy"]])
     tb = summary["time_breakdown"]
     lines = [
         "# %s, IMPALA SimpleConvNetAgent, 1 learner + %d actors x %d envs (2-core CPU)" % (

@@ -8,14 +8,14 @@ import vtrace
 
 
 def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
-                     clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0):
+                     clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0, lambda_=1.0):
     """v_s = V(x_s) + sum_{t>=s} (prod_{i=s}^{t-1} gamma_i c_i) rho_t delta_t, literally."""
     T = log_rhos.shape[0]
     rhos = np.exp(log_rhos)
     clipped = rhos if clip_rho_threshold is None else np.minimum(clip_rho_threshold, rhos)
     pg_rhos = rhos if clip_pg_rho_threshold is None else np.minimum(clip_pg_rho_threshold,
                                                                       rhos)
-    cs = np.minimum(1.0, rhos)
+    cs = lambda_ * np.minimum(1.0, rhos)
     values_next = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
     vs = np.zeros_like(values)
     for s in range(T):
@@ -54,6 +54,44 @@ def test_matches_numpy_sum_form(T, B, clip_rho, clip_pg):
                                        clip_pg_rho_threshold=clip_pg)
     np.testing.assert_allclose(out.vs.numpy(), ref_vs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.pg_advantages.numpy(), ref_adv, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lambda_", [1.0, 0.95, 0.8, 0.3])
+def test_lambda_matches_numpy_sum_form(lambda_):
+    rng = np.random.default_rng(7)
+    inputs = random_inputs(rng, 12, 5)
+    out = vtrace.from_importance_weights(*inputs, lambda_=lambda_)
+    ref_vs, ref_adv = reference_vtrace(*[x.astype(np.float64) for x in inputs], lambda_=lambda_)
+    np.testing.assert_allclose(out.vs.numpy(), ref_vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.pg_advantages.numpy(), ref_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_on_policy_lambda_gives_the_lambda_return():
+    """On-policy (rho = c = 1 before lambda), v_s - V(x_s) is GAE(gamma, lambda)'s advantage:
+    sum_t (gamma lambda)^(t-s) delta_t."""
+    T, B, gamma, lam = 10, 3, 0.9, 0.7
+    rng = np.random.default_rng(3)
+    rewards = rng.normal(size=(T, B)).astype(np.float32)
+    values = rng.normal(size=(T, B)).astype(np.float32)
+    bootstrap = rng.normal(size=(B,)).astype(np.float32)
+    discounts = np.full((T, B), gamma, np.float32)
+    out = vtrace.from_importance_weights(np.zeros((T, B), np.float32), discounts, rewards, values,
+                                         bootstrap, lambda_=lam)
+    values_next = np.concatenate([values[1:], bootstrap[None]], axis=0)
+    deltas = rewards + gamma * values_next - values
+    gae = np.zeros((T, B))
+    acc = np.zeros(B)
+    for t in reversed(range(T)):
+        acc = deltas[t] + gamma * lam * acc
+        gae[t] = acc
+    np.testing.assert_allclose(out.vs.numpy() - values, gae, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_lambda_is_rejected():
+    rng = np.random.default_rng(0)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="lambda_"):
+            vtrace.from_importance_weights(*random_inputs(rng, 3, 2), lambda_=bad)
 
 
 def test_episode_end_cuts_the_trace():

@@ -1,0 +1,105 @@
+"""The learner's loss and optimizer pieces, on small tensors (no processes)."""
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import learner
+import nets
+
+
+def _flags(**kw):
+    base = dict(reward_clipping="abs_one", discounting=0.99, baseline_cost=0.5, entropy_cost=0.01,
+                clip_param=0.0, optimizer="rmsprop", learning_rate=0.01, decay=0.99, momentum=0.0,
+                epsilon=0.1, adam_epsilon=1e-8)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_rmsprop_starts_like_tf1_with_mean_square_one():
+    """TF1's RMSPropOptimizer (the original IMPALA's) starts ms at 1; the first step is
+    lr * g / sqrt(decay + (1 - decay) g^2 + eps), not Sonnet's ~10x lr burst."""
+    v = tf.Variable([1.0, -2.0, 3.0])
+    f = _flags()
+    opt = learner.make_optimizer(f, tf.constant(f.learning_rate), [v])
+    np.testing.assert_allclose(v.numpy(), [1.0, -2.0, 3.0])  # slot creation moved nothing
+    g = np.array([0.05, -0.5, 2.0], np.float32)
+    opt.apply([tf.constant(g)], [v])
+    ms = f.decay * 1.0 + (1 - f.decay) * g ** 2
+    expected = np.array([1.0, -2.0, 3.0]) - f.learning_rate * g / np.sqrt(ms + f.epsilon)
+    np.testing.assert_allclose(v.numpy(), expected, rtol=1e-5)
+    # For a small gradient the step is far below lr (the warm-up TF1 had).
+    assert abs(1.0 - v.numpy()[0]) < 0.1 * f.learning_rate
+
+
+def test_adam_first_step_is_lr_in_the_sign_of_the_gradient():
+    v = tf.Variable([0.0, 0.0])
+    f = _flags(optimizer="adam", learning_rate=0.001)
+    opt = learner.make_optimizer(f, tf.constant(f.learning_rate), [v])
+    opt.apply([tf.constant([0.3, -7.0])], [v])
+    np.testing.assert_allclose(v.numpy(), [-0.001, 0.001], rtol=1e-3)
+
+
+def _batch(T=5, B=3, A=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"reward": tf.constant(rng.normal(size=(T, B)), tf.float32),
+            "done": tf.constant(rng.random((T, B)) < 0.2),
+            "action": tf.constant(rng.integers(A, size=(T, B)), tf.int32),
+            "behaviour_logits": tf.constant(rng.normal(size=(T, B, A)), tf.float32)}
+
+
+def _out(logits, baseline):
+    return nets.AgentOutput(action=None, policy_logits=logits, baseline=baseline)
+
+
+def test_clip_param_on_policy_equals_the_impala_policy_gradient():
+    """At ratio 1 (target = behaviour) the clipped surrogate -sum(ratio * A) has the
+    gradient of IMPALA's -sum(log pi * A) (its value differs: it is not a log)."""
+    T, B, A = 5, 3, 4
+    batch = _batch(T, B, A)
+    rng = np.random.default_rng(1)
+    baseline = tf.constant(rng.normal(size=(T + 1, B)), tf.float32)
+    logits = tf.Variable(tf.concat([batch["behaviour_logits"], tf.zeros([1, B, A])], axis=0))
+    results = []
+    for clip in (0.0, 0.2):
+        with tf.GradientTape() as tape:
+            loss, _ = learner.compute_losses(_out(logits, baseline), batch, _flags(clip_param=clip))
+        results.append(tape.gradient(loss, logits).numpy())
+    assert np.abs(results[0]).sum() > 0.1
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-4, atol=1e-6)
+
+
+def test_clip_param_stops_the_gradient_past_the_clip():
+    """A step whose ratio pi/mu is already past 1 + clip with a positive advantage (or
+    below 1 - clip with a negative one) contributes no policy gradient."""
+    T, B, A = 1, 2, 2
+    batch = {"reward": tf.constant([[1.0, -1.0]]), "done": tf.constant([[True, True]]),
+             "action": tf.constant([[0, 0]]), "behaviour_logits": tf.zeros([1, B, A])}
+    baseline = tf.zeros([T + 1, B])  # advantages: +1 for env 0, -1 for env 1
+    # pi(a=0) = 0.8 (ratio 1.6) for env 0; 0.2 (ratio 0.4) for env 1.
+    l0 = np.log([[0.8, 0.2], [0.2, 0.8]]).astype(np.float32)[None]
+    logits = tf.Variable(tf.concat([l0, tf.zeros([1, B, A])], axis=0))
+    flags = _flags(clip_param=0.2, entropy_cost=0.0, baseline_cost=0.0)
+    with tf.GradientTape() as tape:
+        loss, _ = learner.compute_losses(_out(logits, baseline), batch, flags)
+    np.testing.assert_allclose(tape.gradient(loss, logits).numpy(), 0.0, atol=1e-7)
+    # Without the clip both steps push the policy.
+    with tf.GradientTape() as tape:
+        loss, _ = learner.compute_losses(_out(logits, baseline), batch, _flags(
+            entropy_cost=0.0, baseline_cost=0.0, clip_param=0.0))
+    assert np.abs(tape.gradient(loss, logits).numpy()).sum() > 0.1
+
+
+@pytest.mark.parametrize("bad", ["--num_sgd_iter=0", "--clip_param=1.5", "--optimizer=sgd",
+                                 "--adam_epsilon=0"])
+def test_new_training_flags_are_validated(bad):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",
+                           "--agent_name=MLPAgent", bad], capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode != 0
+    name = bad.split("=")[0]
+    assert name in proc.stderr or name.lstrip("-") in proc.stderr

@@ -20,9 +20,14 @@ import nets
 import transport
 
 
-def build_agent(level_name, agent_name, unroll_length):
+def screen(flags):
+    """The Atari frame size of --width/--height, as envs takes it."""
+    return (flags.width, flags.height)
+
+
+def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_SIZE):
     """The agent with its variables built, plus the unroll layout both sides share."""
-    spec = envs.env_spec(level_name)
+    spec = envs.env_spec(level_name, screen_size)
     if not spec.discrete:
         raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
                          "need discrete actions (use ppo_main.py for continuous control)" % level_name)
@@ -193,12 +198,12 @@ def run(flags, task, log=print):
         tf.config.threading.set_inter_op_parallelism_threads(flags.actor_threads)
     stopper = Stopper()
     tf.random.set_seed(flags.seed * 7919 + task)
-    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T)
+    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags))
     variables = agent.trainable_variables
     set_weights = make_weight_setter(variables)
     step = tf.function(lambda o, f, s: agent(o, f, s))
-    env_list = [envs.make_env(flags.level_name, seed=flags.seed * 100003 + task * E + i, training=True)
-                for i in range(E)]
+    env_list = [envs.make_env(flags.level_name, seed=flags.seed * 100003 + task * E + i, training=True,
+                              screen_size=screen(flags)) for i in range(E)]
     client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)
     log("actor %d: %d x %s, agent %s, learner %s" % (task, E, flags.level_name, flags.agent_name, learner))
     if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
@@ -310,7 +315,7 @@ def run_evaluator(flags, logdir, log=print):
     policy, no exploration noise), recording evaluation returns apart from the
     training returns: <logdir>/eval.csv and TensorBoard scalars eval/*."""
     stopper = Stopper()
-    agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length)
+    agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length, screen(flags))
     set_weights = make_weight_setter(agent.trainable_variables)
 
     @tf.function
@@ -318,7 +323,7 @@ def run_evaluator(flags, logdir, log=print):
         out, s = agent(o, f, s)
         return tf.argmax(out.policy_logits, axis=-1, output_type=tf.int32), s
 
-    env = envs.make_env(flags.level_name, seed=flags.seed + 777, training=False)
+    env = envs.make_env(flags.level_name, seed=flags.seed + 777, training=False, screen_size=screen(flags))
     client = transport.ActorClient(flags.learner_hosts[0], spec, flags.queue_capacity, flags.batch_size)
     log("evaluator: %s, %d episodes every %.0f s, learner %s"
         % (flags.level_name, flags.test_num_episodes, flags.test_every_s, flags.learner_hosts[0]))

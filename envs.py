@@ -212,13 +212,13 @@ class FrameStack(gym.Wrapper):
 # The factory.
 
 
-def _make_atari(env_id, training, render_mode=None):
+def _make_atari(env_id, training, render_mode=None, screen_size=SCREEN_SIZE):
     kwargs = {"frameskip": 1, "render_mode": render_mode}  # AtariPreprocessing does the frame skip
     if env_id.startswith("ALE/"):
         kwargs["repeat_action_probability"] = V5_REPEAT_ACTION_PROBABILITY
     env = gym.make(env_id, **kwargs)
     env = gym.wrappers.AtariPreprocessing(
-        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE,
+        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=screen_size,
         terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
     env = GameStats(env)
     if training:
@@ -246,7 +246,7 @@ def _make_vector(env_id, render_mode=None):
 
 
 def make_env(env_id: str, seed: int | None = None, training: bool = True,
-             render_mode: str | None = None) -> gym.Env:
+             render_mode: str | None = None, screen_size=SCREEN_SIZE) -> gym.Env:
     """Returns the wrapped env for `env_id`.
 
     training: Atari only: a lost life ends the episode (the game goes on).
@@ -254,9 +254,11 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     seed: when given, the env is reset once with it and its action space is
       seeded, so later plain reset() calls follow a reproducible sequence.
     render_mode: gymnasium's, e.g. "rgb_array" (env.render() returns the frame).
+    screen_size: Atari only: frames are resized to this (an int, or (width, height));
+      84 as in DQN and IMPALA, 42 as RLlib's and PARL's fast Pong settings use.
     """
     if _kind(env_id) == "atari":
-        env = _make_atari(env_id, training, render_mode)
+        env = _make_atari(env_id, training, render_mode, _screen(screen_size))
     else:
         env = _make_vector(env_id, render_mode)
     if seed is not None:
@@ -265,10 +267,25 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     return env
 
 
+def _screen(screen_size):
+    """An int for square frames (gymnasium's own form), else a (width, height) tuple."""
+    if isinstance(screen_size, (tuple, list)):
+        width, height = (int(v) for v in screen_size)
+        return width if width == height else (width, height)
+    return int(screen_size)
+
+
 @functools.lru_cache(maxsize=None)
-def env_spec(env_id: str) -> EnvSpec:
+def _env_spec(env_id, screen_size):
+    return _spec_of(make_env(env_id, training=False, screen_size=screen_size), env_id)
+
+
+def env_spec(env_id: str, screen_size=SCREEN_SIZE) -> EnvSpec:
     """Observation and action facts of `env_id` (one env is made once, then cached)."""
-    env = make_env(env_id, training=False)
+    return _env_spec(env_id, _screen(screen_size))
+
+
+def _spec_of(env, env_id):
     try:
         obs_space, act_space = env.observation_space, env.action_space
         discrete = isinstance(act_space, gym.spaces.Discrete)

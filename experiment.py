@@ -40,8 +40,8 @@ flags.DEFINE_list("actor_hosts", [], "host:port of every actor (used to count an
 flags.DEFINE_integer("seed", 1, "Random seed.")
 
 flags.DEFINE_string("level_name", "PongNoFrameskip-v4", "Gymnasium environment id.")
-flags.DEFINE_integer("width", 84, "Atari frame width (the nets take 84).")
-flags.DEFINE_integer("height", 84, "Atari frame height (the nets take 84).")
+flags.DEFINE_integer("width", 84, "Atari frame width in pixels (84 as in DQN and IMPALA; 42 is 4x cheaper).")
+flags.DEFINE_integer("height", 84, "Atari frame height in pixels.")
 flags.DEFINE_integer("num_action_repeats", 0, "Frames counted per agent step; 0: 4 for Atari "
                      "(its frame skip), 1 otherwise.")
 flags.DEFINE_string("agent_name", "SimpleConvNetAgent", "SimpleConvNetAgent, ResNetAgent, "
@@ -61,21 +61,26 @@ flags.DEFINE_float("discounting", 0.99, "Discount factor.")
 flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "none"],
                   "Reward clipping in the loss.")
 flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global norm; 0 = off.")
-flags.DEFINE_float("learning_rate", 0.00048, "RMSProp learning rate (linearly decayed to 0).")
+flags.DEFINE_float("learning_rate", 0.00048, "Learning rate of --optimizer (linearly decayed to 0).")
 flags.DEFINE_enum("optimizer", "rmsprop", ["rmsprop", "adam"], "rmsprop: TF1's RMSProp as the "
                   "original IMPALA used it (mean square starts at 1); adam: Adam with --adam_epsilon.")
 flags.DEFINE_float("adam_epsilon", 1e-8, "Adam's epsilon (--optimizer=adam).")
 flags.DEFINE_integer("num_sgd_iter", 1, "Gradient steps on each batch: 1 is IMPALA; 2 or more reuse "
                      "the batch (APPO); use with --clip_param.")
+flags.DEFINE_integer("num_minibatches", 1, "Gradient steps per pass of --num_sgd_iter, each on "
+                     "batch_size / num_minibatches of the batch's unrolls (PPO's minibatches).")
+flags.DEFINE_bool("normalize_advantages", False, "Standardise the policy-gradient advantages of "
+                  "each minibatch to mean 0, std 1 (PPO's habit); off in IMPALA.")
 flags.DEFINE_float("clip_param", 0.0, "PPO clip of the policy ratio pi/mu in the policy-gradient "
                    "term (APPO); 0: the plain V-trace policy gradient of IMPALA.")
 flags.DEFINE_float("vtrace_lambda", 1.0, "lambda of the V-trace traces c_s = lambda min(1, pi/mu) "
-                   "(the paper's Retrace-like remark); 1 is IMPALA's, lower trades variance for bias like GAE's lambda.")
+                   "(the paper's Retrace-like remark); 1 is IMPALA's; lower trades variance for "
+                   "bias, like GAE's lambda.")
 flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
 flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
 flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon, inside the square root as in TF1 and "
                    "Sonnet: step = lr * g / sqrt(ms + epsilon). With Atari's gradients the default "
-                   "0.1 dominates ms and shrinks steps several-fold; bench/pong_impala.py uses 1e-5.")
+                   "0.1 dominates ms and shrinks steps several-fold (1e-5 to 1e-4 keeps them whole).")
 
 flags.DEFINE_string("replay_parameters", '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
                     "JSON list of batch sources (queue = live unrolls, standard, custom) with "
@@ -96,7 +101,8 @@ RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name"
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters",
-             "optimizer", "adam_epsilon", "num_sgd_iter", "clip_param", "vtrace_lambda"]
+             "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "vtrace_lambda",
+             "normalize_advantages"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 
@@ -125,8 +131,12 @@ flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
                          message="must be a comma-separated list of host:port (port 1-65535)")
 flags.register_validator("actor_hosts", _hosts_ok,
                          message="must be a comma-separated list of host:port (port 1-65535)")
-flags.register_validator("width", lambda v: v == 84, message="must be 84 (the nets take 84x84 frames)")
-flags.register_validator("height", lambda v: v == 84, message="must be 84 (the nets take 84x84 frames)")
+flags.register_validator("width", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
+flags.register_validator("height", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
+flags.register_multi_flags_validator(
+    ["num_minibatches", "batch_size"],
+    lambda d: d["num_minibatches"] >= 1 and d["batch_size"] % d["num_minibatches"] == 0,
+    message="--num_minibatches must be >= 1 and divide --batch_size (each minibatch is whole unrolls)")
 flags.register_multi_flags_validator(
     ["queue_capacity", "batch_size"], lambda d: d["queue_capacity"] >= d["batch_size"],
     message="--queue_capacity must be >= --batch_size (the learner dequeues whole batches)")
@@ -182,7 +192,7 @@ def validate_run():
     import envs
     import nets
     try:
-        spec = envs.env_spec(FLAGS.level_name)
+        spec = envs.env_spec(FLAGS.level_name, (FLAGS.width, FLAGS.height))
     except envs.UnknownEnvError as e:
         raise UsageError("--level_name=%s: %s" % (FLAGS.level_name, e))
     if FLAGS.agent_name not in nets.AGENT_NAMES:
@@ -252,10 +262,11 @@ def run_test():
     import envs
     import learner as learner_lib
     source = FLAGS.load_model_url or FLAGS.logdir
-    agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length)
+    agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
+                                           actor_lib.screen(FLAGS))
     prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
     env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False,
-                        render_mode="rgb_array" if FLAGS.render else None)
+                        render_mode="rgb_array" if FLAGS.render else None, screen_size=actor_lib.screen(FLAGS))
     frames = []
     if FLAGS.render:
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")

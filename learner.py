@@ -52,6 +52,12 @@ def compute_losses(agent_out, batch, flags):
         behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=logits,
         actions=batch["action"], discounts=discounts, rewards=rewards, values=values,
         bootstrap_value=bootstrap_value, lambda_=getattr(flags, "vtrace_lambda", 1.0))
+    advantages = vt.pg_advantages
+    if getattr(flags, "normalize_advantages", False):
+        # PPO's per-minibatch standardisation: the policy-gradient scale no longer depends on
+        # the reward scale, so the entropy cost means the same in every game.
+        mean, var = tf.nn.moments(advantages, axes=[0, 1])
+        advantages = (advantages - mean) / (tf.sqrt(var) + 1e-8)
     clip = getattr(flags, "clip_param", 0.0)
     if clip > 0:
         # APPO (RLlib): PPO's clipped surrogate on the V-trace advantages, with the ratio
@@ -59,10 +65,10 @@ def compute_losses(agent_out, batch, flags):
         # one batch may move the policy when the learner reuses it (--num_sgd_iter > 1).
         ratio = tf.exp(vt.log_rhos)
         pg_loss = -tf.reduce_sum(tf.minimum(
-            ratio * vt.pg_advantages, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * vt.pg_advantages))
+            ratio * advantages, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * advantages))
     else:
         # Policy gradient: -sum log pi(a_s|x_s) * rho_s (r_s + gamma v_{s+1} - V(x_s)).
-        pg_loss = tf.reduce_sum(-vt.target_action_log_probs * vt.pg_advantages)
+        pg_loss = tf.reduce_sum(-vt.target_action_log_probs * advantages)
     # Baseline: 1/2 sum (v_s - V(x_s))^2, weighted by baseline_cost.
     baseline_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values)) * flags.baseline_cost
     # Entropy bonus: minimise -H(pi).
@@ -103,6 +109,16 @@ def make_optimizer(flags, learning_rate, variables):
     return optimizer
 
 
+_STEP_FIELDS = ("observation", "first", "action", "reward", "done", "behaviour_logits")
+
+
+def _minibatch(batch, index):
+    """The unrolls `index` (along B) of a time-major batch: the fields a gradient step reads."""
+    mb = {k: tf.gather(batch[k], index, axis=1) for k in _STEP_FIELDS}
+    mb.update({k: tf.gather(v, index, axis=0) for k, v in batch.items() if k.startswith("core_state")})
+    return mb
+
+
 def to_time_major(batch, names):
     """[B, T(+1), ...] -> [T(+1), B, ...] for the per-step fields."""
     out = {}
@@ -125,7 +141,7 @@ class Learner:
         self.is_chief = rank == 0
         tf.random.set_seed(flags.seed * 7919 + 100000 + rank)
         self.agent, self.spec, self.env_spec = actor_lib.build_agent(
-            flags.level_name, flags.agent_name, flags.unroll_length)
+            flags.level_name, flags.agent_name, flags.unroll_length, actor_lib.screen(flags))
         self.variables = self.agent.trainable_variables
         self.frames_per_step = flags.num_action_repeats or (4 if self.env_spec.is_atari else 1)
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
@@ -195,12 +211,21 @@ class Learner:
         # Linear decay of the learning rate to 0 over total_environment_frames.
         frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
         self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
-        # --num_sgd_iter gradient steps on the same batch (1: IMPALA; more: APPO-style reuse,
-        # V-trace corrects for the policy having moved since the actors acted).
-        for i in range(self.flags.num_sgd_iter):
+        # --num_sgd_iter passes over the batch, each in --num_minibatches gradient steps on
+        # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
+        # V-trace correcting for the policy having moved since the actors acted).
+        passes, parts = self.flags.num_sgd_iter, self.flags.num_minibatches
+        for i in range(passes * parts):
+            if parts == 1:
+                mb = batch
+            else:
+                if i % parts == 0:
+                    order = tf.random.shuffle(tf.range(tf.shape(batch["action"])[1]))
+                size = batch["action"].shape[1] // parts
+                mb = _minibatch(batch, order[(i % parts) * size:(i % parts + 1) * size])
             with tf.GradientTape() as tape:
-                out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
-                loss, pass_stats = compute_losses(out, batch, self.flags)
+                out, _ = self.agent.unroll(mb["observation"], mb["first"], self._core_state(mb))
+                loss, pass_stats = compute_losses(out, mb, self.flags)
             if self.size > 1:
                 tape = hvd.DistributedGradientTape(tape)
             grads = tape.gradient(loss, self.variables)

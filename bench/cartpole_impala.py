@@ -12,6 +12,7 @@ import argparse
 import csv
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -71,6 +72,9 @@ def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=()):
 
 
 def main():
+    # Ctrl-C stops the run (and its cluster) even when started in the background, where
+    # the shell hands Python SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--budget_s", type=float, default=300.0)

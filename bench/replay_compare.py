@@ -15,6 +15,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -38,6 +39,9 @@ def variants(capacity):
 
 
 def main():
+    # Ctrl-C stops the run (and its cluster) even when started in the background, where
+    # the shell hands Python SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--frames", type=int, default=1_500_000)

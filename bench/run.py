@@ -22,6 +22,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import signal
 import sys
 import tempfile
 import time
@@ -126,6 +127,16 @@ def sb3(args, timeout):
     return json.loads(lines[-1])
 
 
+def sample_factory(seconds):
+    """Sample Factory's APPO frames/s (bench/peers/sf_appo.py in its own venv), or {"error": ...}."""
+    proc = subprocess.run([SF_PY, os.path.join(HERE, "peers", "sf_appo.py"), "--seconds=%g" % (seconds + 20)],
+                          capture_output=True, text=True, timeout=seconds + 900, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"error": "exit %d: %s" % (proc.returncode, proc.stderr.strip()[-300:])}
+    return json.loads(lines[-1])
+
+
 def ceiling_fps(level, processes, seconds):
     import pong_impala
     return 4 * pong_impala.ceiling(level, processes, seconds)
@@ -141,9 +152,7 @@ def suite_throughput(a, out):
     notes = []
     peer_error = ensure_peer("sb3")
     sf_error = ensure_peer("sf") if a.with_sample_factory else "not attempted (pass --with_sample_factory)"
-    if sf_error is None:
-        sf_error = "installed, but no APPO runner is wired into this harness yet"
-    res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": []}
+    res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": [], "sf": []}
     bottleneck = {}
     for rep in range(a.repeats):
         res["ceiling"].append(ceiling_fps(level, 2, 20))
@@ -154,6 +163,12 @@ def suite_throughput(a, out):
                                     a.seconds + 300)["frames_per_s"])
             res["sb3_16"].append(sb3(["throughput", "--n_envs=16", "--seconds=%g" % a.seconds],
                                      a.seconds + 300)["frames_per_s"])
+        if sf_error is None:
+            got = sample_factory(a.seconds)
+            if "error" in got:
+                sf_error = "installed, but its run failed: " + got["error"]
+            else:
+                res["sf"].append(got["frames_per_s"])
         print("repeat %d: %s" % (rep + 1, {k: v[-1] for k, v in res.items() if v}), flush=True)
     med = {k: statistics.median(v) for k, v in res.items() if v}
     rows = [("raw env ceiling (2 processes stepping, random actions)", res["ceiling"], "-"),
@@ -167,7 +182,12 @@ def suite_throughput(a, out):
         notes.append("Ours vs the faster SB3 configuration: **%.2f x**." % (med["impala"] / best))
     else:
         notes.append("SB3 PPO: %s" % peer_error)
-    notes.append("Sample Factory APPO: %s." % sf_error)
+    if res["sf"]:
+        rows.append(("Sample Factory 2 APPO (async, V-trace), 2 workers x 32 envs, its own Atari wrappers and "
+                     "its smallest net (conv 32-64-128 + FC 512: larger than ours)", res["sf"],
+                     "ours / this = **%.2f**" % (med["impala"] / med["sf"])))
+    else:
+        notes.append("Sample Factory APPO: %s." % sf_error)
     if bottleneck:
         notes.append("Our bottleneck report: %s; actors spend %.0f%% of their time stepping envs, %.0f%% in "
                      "inference, %.0f%% in transfer." % (bottleneck.get("bottleneck"),
@@ -277,6 +297,9 @@ SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling":
 
 
 def main():
+    # Ctrl-C stops the run (and its cluster) even when started in the background, where
+    # the shell hands Python SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("suite", choices=sorted(SUITES))
     p.add_argument("--seconds", type=float, default=90, help="measuring time per throughput run")

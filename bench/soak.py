@@ -12,6 +12,7 @@ import argparse
 import csv
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -56,6 +57,9 @@ def slope_per_hour(ts, ys):
 
 
 def main():
+    # Ctrl-C stops the run (and its cluster) even when started in the background, where
+    # the shell hands Python SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--every_s", type=float, default=10)

@@ -69,7 +69,7 @@ def _run_experiment(args, timeout=120):
     (["--mode=test", "--load_model_url=/nonexistent/run"], "/nonexistent/run"),
     (["--level_name=CartPole-v1", "--agent_name=SimpleConvNetAgent"], "MLPAgent"),
     (["--level_name=HalfCheetah-v5", "--agent_name=MLPAgent"], "continuous"),
-    (["--width=64"], "--width"),
+    (["--width=16"], "--width"),
 ])
 def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     r = _run_experiment(args + ["--logdir=%s" % (tmp_path / "run")])

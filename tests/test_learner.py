@@ -94,6 +94,23 @@ def test_clip_param_stops_the_gradient_past_the_clip():
     assert np.abs(tape.gradient(loss, logits).numpy()).sum() > 0.1
 
 
+def test_normalized_advantages_do_not_depend_on_the_reward_scale():
+    """With --normalize_advantages the policy gradient is the same for rewards x1 and x100."""
+    T, B, A = 6, 4, 3
+    batch = _batch(T, B, A, seed=2)
+    logits = tf.Variable(tf.random.stateless_normal([T + 1, B, A], seed=[1, 2]))
+    grads = []
+    for scale in (1.0, 100.0):
+        b = dict(batch, reward=batch["reward"] * scale)
+        baseline = tf.zeros([T + 1, B])
+        flags = _flags(reward_clipping="none", entropy_cost=0.0, baseline_cost=0.0, normalize_advantages=True)
+        with tf.GradientTape() as tape:
+            loss, _ = learner.compute_losses(_out(logits, baseline), b, flags)
+        grads.append(tape.gradient(loss, logits).numpy())
+    assert np.abs(grads[0]).sum() > 0.1
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-3, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad", ["--num_sgd_iter=0", "--clip_param=1.5", "--optimizer=sgd",
                                  "--adam_epsilon=0"])
 def test_new_training_flags_are_validated(bad):
@@ -103,3 +120,42 @@ def test_new_training_flags_are_validated(bad):
     assert proc.returncode != 0
     name = bad.split("=")[0]
     assert name in proc.stderr or name.lstrip("-") in proc.stderr
+
+
+def _experiment_defaults(**overrides):
+    """experiment.py's flag defaults as a namespace (no parsing of sys.argv)."""
+    import experiment
+    values = {name: experiment.FLAGS[name].default for name in experiment.FLAGS}
+    values.update(overrides)
+    return types.SimpleNamespace(**values)
+
+
+def test_sgd_passes_and_minibatches_on_42x42_pong(tmp_path):
+    """num_sgd_iter x num_minibatches gradient steps per update (Adam counts them), on
+    --width=--height=42 Atari frames; the frame counter moves once."""
+    f = _experiment_defaults(level_name="PongNoFrameskip-v4", agent_name="SimpleConvNetAgent", width=42,
+                             height=42, batch_size=4, unroll_length=5, optimizer="adam", num_sgd_iter=3,
+                             num_minibatches=2, clip_param=0.2, learning_rate=1e-3,
+                             total_environment_frames=10 ** 6)
+    lrn = learner.Learner(f, str(tmp_path))
+    assert lrn.spec.fields[0].shape == (6, 42, 42, 4)
+    rng = np.random.default_rng(0)
+    B, T = 4, 5
+    batch = {"observation": rng.integers(0, 255, (T + 1, B, 42, 42, 4)).astype(np.uint8),
+             "first": np.zeros((T + 1, B), bool), "action": rng.integers(0, 6, (T, B)).astype(np.int32),
+             "reward": rng.normal(size=(T, B)).astype(np.float32), "done": np.zeros((T, B), bool),
+             "behaviour_logits": rng.normal(size=(T, B, 6)).astype(np.float32)}
+    before = lrn.flat_weights()
+    stats = lrn._train_step({k: tf.constant(v) for k, v in batch.items()}, tf.constant(80, tf.int64))
+    assert int(lrn.optimizer.step.numpy()) == 3 * 2
+    assert int(lrn.update_step.numpy()) == 1 and int(lrn.num_env_frames.numpy()) == 80
+    assert np.isfinite(float(stats["total_loss"]))
+    assert not np.allclose(before, lrn.flat_weights())
+
+
+def test_minibatches_must_divide_the_batch():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",
+                           "--agent_name=MLPAgent", "--batch_size=6", "--num_minibatches=4"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode != 0 and "--num_minibatches" in proc.stderr

@@ -137,3 +137,38 @@ def test_sender_turns_an_unexpected_enqueue_error_into_lost():
         time.sleep(0.01)
     assert sender.outcome == "lost" and isinstance(sender.error, ValueError)
     assert sender.busy_since is None
+
+
+def test_atari_unrolls_arrive_bit_for_bit_and_time_major():
+    """Every field of Atari-shaped unrolls (uint8 [T+1, 84, 84, 4] frames) reaches the
+    learner unchanged, and the learner's time-major view pairs obs[t] with action[t]."""
+    import learner as learner_lib
+    spec = transport.make_unroll_spec((84, 84, 4), np.uint8, 6, T, [], 10)
+    port = _free_base_port()
+    server = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=8, batch_size=E)
+    server.publish(np.zeros(10, np.float32), 0)
+    client = transport.ActorClient("127.0.0.1:%d" % port, spec, 8, E)
+    try:
+        assert client.connect(30)
+        rng = np.random.default_rng(0)
+        sent = {}
+        for f in spec.fields:
+            shape = (E,) + f.shape
+            if f.dtype == np.bool_:
+                sent[f.name] = rng.random(shape) < 0.5
+            elif np.issubdtype(f.dtype, np.integer):
+                sent[f.name] = rng.integers(0, 200, size=shape).astype(f.dtype)
+            else:
+                sent[f.name] = rng.normal(size=shape).astype(f.dtype)
+        client.enqueue(sent, timeout_ms=30000)
+        got = server.try_dequeue(E)
+        assert got is not None
+        for name, value in sent.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+        tm = learner_lib.to_time_major(got, spec.names)
+        assert tm["observation"].shape == (T + 1, E, 84, 84, 4)
+        np.testing.assert_array_equal(tm["observation"][1, 3], sent["observation"][3, 1])
+        np.testing.assert_array_equal(tm["action"][0], sent["action"][:, 0])
+    finally:
+        client.reset()
+        server.close()

@@ -69,6 +69,9 @@ flags.DEFINE_integer("num_sgd_iter", 1, "Gradient steps on each batch: 1 is IMPA
                      "the batch (APPO); use with --clip_param.")
 flags.DEFINE_integer("num_minibatches", 1, "Gradient steps per pass of --num_sgd_iter, each on "
                      "batch_size / num_minibatches of the batch's unrolls (PPO's minibatches).")
+flags.DEFINE_enum("weight_init", "default", ["default", "orthogonal"], "default: Sonnet's "
+                  "(truncated normal, std 1/sqrt(fan_in)); orthogonal: CleanRL's (gain sqrt 2, "
+                  "0.01 for the policy logits, 1 for the baseline), set by the learner.")
 flags.DEFINE_bool("normalize_advantages", False, "Standardise the policy-gradient advantages of "
                   "each minibatch to mean 0, std 1 (PPO's habit); off in IMPALA.")
 flags.DEFINE_float("clip_param", 0.0, "PPO clip of the policy ratio pi/mu in the policy-gradient "
@@ -102,7 +105,7 @@ RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name"
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "vtrace_lambda",
-             "normalize_advantages"]
+             "normalize_advantages", "weight_init"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 import sonnet as snt
 
 import actor as actor_lib
+import nets
 import transport
 import replay as replay_lib
 import vtrace
@@ -143,6 +144,8 @@ class Learner:
         self.agent, self.spec, self.env_spec = actor_lib.build_agent(
             flags.level_name, flags.agent_name, flags.unroll_length, actor_lib.screen(flags))
         self.variables = self.agent.trainable_variables
+        if flags.weight_init == "orthogonal":  # before anything is published: actors get these too
+            nets.orthogonal_init(self.agent, seed=flags.seed)
         self.frames_per_step = flags.num_action_repeats or (4 if self.env_spec.is_atari else 1)
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
         self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")
@@ -233,7 +236,7 @@ class Learner:
             if self.flags.gradients_clipping > 0:
                 grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
             self.optimizer.apply(grads, self.variables)
-            if i == 0:  # the figures of the batch as it arrived
+            if i == 0:  # the figures of the first step: the batch (or its first minibatch) as it arrived
                 stats, first_grad_norm = pass_stats, grad_norm
         grad_norm = first_grad_norm
         self.num_env_frames.assign_add(new_frames)

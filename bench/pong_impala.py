@@ -89,8 +89,15 @@ def main():
              "--total_environment_frames=%d" % a.frames, "--log_every_s=10",
              "--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
     t0 = time.time()
+    interrupted = False
     with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
-        code = cluster.wait()
+        try:
+            code = cluster.wait()
+        except KeyboardInterrupt:  # Ctrl-C: stop the run (it checkpoints) and report what it did
+            print("interrupted: stopping the run, then writing what it measured", flush=True)
+            interrupted = True
+    if interrupted:
+        code = cluster.learner.returncode
     wall = time.time() - t0
     def read(name, how):
         path = os.path.join(logdir, name)
@@ -127,7 +134,8 @@ def main():
             100 * tb["learner_wait_s"] / tb["elapsed_s"]),
         "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
-        "| bottleneck | %s |" % tb["bottleneck"], "",
+        "| bottleneck | %s |" % tb["bottleneck"], ""] + (
+        ["Stopped by Ctrl-C at %d of %d frames." % (summary["frames"], a.frames), ""] if interrupted else []) + [
         "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d "
         "--batch_size %d --unroll_length %d%s`" % (
             a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length,

@@ -9,7 +9,7 @@ Variables are created on the first call (Sonnet 2 builds lazily).
 """
 import operator
 
-from nets.base import AgentOutput
+from nets.base import AgentOutput, orthogonal_init
 from nets.conv import SimpleConvNetAgent
 from nets.mlp import MLPAgent, MLPLSTMAgent
 from nets.resnet import ResNetAgent, ResNetLSTMAgent
@@ -41,5 +41,5 @@ def make_agent(agent_name, num_actions):
     return _AGENTS[agent_name](count)
 
 
-__all__ = ["AGENT_NAMES", "AgentOutput", "make_agent", "SimpleConvNetAgent",
+__all__ = ["AGENT_NAMES", "AgentOutput", "make_agent", "orthogonal_init", "SimpleConvNetAgent",
            "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]

@@ -12,6 +12,7 @@ uint8 observations (Atari frames) are scaled to [0, 1] floats here.
 """
 from typing import NamedTuple
 
+import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
@@ -28,6 +29,24 @@ def preprocess_observation(obs):
     if obs.dtype == tf.uint8:
         return tf.cast(obs, tf.float32) / 255.0
     return tf.cast(obs, tf.float32)
+
+
+def orthogonal_init(agent, seed=0):
+    """Re-initialises an agent as CleanRL / OpenAI baselines do: orthogonal weights with gain
+    sqrt(2) under ReLUs, 1 for the baseline, 0.01 for the policy logits (a near-uniform
+    first policy that the screen can move), zero biases. LSTM weights are left alone."""
+    for i, v in enumerate(agent.trainable_variables):
+        name = v.name
+        if "lstm" in name:
+            continue
+        if name.endswith("/b:0"):
+            v.assign(tf.zeros_like(v))
+            continue
+        gain = 0.01 if "policy_logits" in name else 1.0 if "baseline" in name else 2 ** 0.5
+        fan_out = int(v.shape[-1])
+        fan_in = int(np.prod(v.shape[:-1]))
+        w = tf.keras.initializers.Orthogonal(gain=gain, seed=seed + i)((fan_in, fan_out))
+        v.assign(tf.reshape(w, v.shape))
 
 
 def batch_time(fn, x):

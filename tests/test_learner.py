@@ -159,3 +159,17 @@ def test_minibatches_must_divide_the_batch():
                            "--agent_name=MLPAgent", "--batch_size=6", "--num_minibatches=4"],
                           capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode != 0 and "--num_minibatches" in proc.stderr
+
+
+def test_orthogonal_init_gains_and_zero_biases():
+    agent = nets.make_agent("SimpleConvNetAgent", 6)
+    agent(tf.zeros([1, 42, 42, 4], tf.uint8), tf.ones([1], bool), ())
+    nets.orthogonal_init(agent, seed=1)
+    for v in agent.trainable_variables:
+        if v.name.endswith("/b:0"):
+            assert not np.any(v.numpy())
+            continue
+        w = v.numpy().reshape(-1, v.shape[-1])
+        gain = 0.01 if "policy_logits" in v.name else 1.0 if "baseline" in v.name else 2 ** 0.5
+        # Orthogonal columns (fan_in >= fan_out here): W^T W = gain^2 I.
+        np.testing.assert_allclose(w.T @ w, gain ** 2 * np.eye(w.shape[1]), atol=1e-4 * max(1, gain ** 2))

@@ -237,11 +237,9 @@ class Learner:
                 grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
             self.optimizer.apply(grads, self.variables)
             if i == 0:  # the figures of the first step: the batch (or its first minibatch) as it arrived
-                stats, first_grad_norm = pass_stats, grad_norm
-        grad_norm = first_grad_norm
+                stats = dict(pass_stats, grad_norm=grad_norm)
         self.num_env_frames.assign_add(new_frames)
         self.update_step.assign_add(1)
-        stats["grad_norm"] = grad_norm
         stats["learning_rate"] = self.learning_rate
         return stats
 

@@ -52,14 +52,14 @@ def compute_losses(agent_out, batch, flags):
     vt = vtrace.from_logits(
         behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=logits,
         actions=batch["action"], discounts=discounts, rewards=rewards, values=values,
-        bootstrap_value=bootstrap_value, lambda_=getattr(flags, "vtrace_lambda", 1.0))
+        bootstrap_value=bootstrap_value, lambda_=flags.vtrace_lambda)
     advantages = vt.pg_advantages
-    if getattr(flags, "normalize_advantages", False):
+    if flags.normalize_advantages:
         # PPO's per-minibatch standardisation: the policy-gradient scale no longer depends on
         # the reward scale, so the entropy cost means the same in every game.
         mean, var = tf.nn.moments(advantages, axes=[0, 1])
         advantages = (advantages - mean) / (tf.sqrt(var) + 1e-8)
-    clip = getattr(flags, "clip_param", 0.0)
+    clip = flags.clip_param
     if clip > 0:
         # APPO (RLlib): PPO's clipped surrogate on the V-trace advantages, with the ratio
         # r_s = pi(a_s|x_s) / mu(a_s|x_s) against the behaviour policy. It bounds how far

@@ -118,6 +118,12 @@ class LocalCluster:
         self.stop()
 
 
+def obey_ctrl_c():
+    """Makes SIGINT raise KeyboardInterrupt again: a shell starting a script in the background
+    hands Python SIGINT ignored, and then Ctrl-C (kill -INT) would not stop it or its cluster."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _signal_group(p, sig):
     try:
         os.killpg(p.pid, sig)

@@ -12,7 +12,6 @@ import argparse
 import csv
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -20,7 +19,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 # APPO-style settings (measured, 1 seed each, bench/results/cartpole_tuning.md): Adam, each batch
 # used 4 times under a PPO clip, V-trace lambda 0.8, gamma 0.98, no entropy bonus.
@@ -72,9 +71,7 @@ def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=()):
 
 
 def main():
-    # Ctrl-C stops the run (and its cluster) even when started in the background, where
-    # the shell hands Python SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    obey_ctrl_c()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--budget_s", type=float, default=300.0)

@@ -61,25 +61,16 @@ else:
 opt.apply([tf.zeros_like(v) for v in V], V)
 if a.opt == "rms1":
     for v in opt.ms: v.assign(tf.ones_like(v))
-flags = types.SimpleNamespace(reward_clipping="abs_one", discounting=(0.0 if a.fake == 2 else 0.99), baseline_cost=a.bc, entropy_cost=a.ent)
+flags = types.SimpleNamespace(reward_clipping="abs_one", discounting=(0.0 if a.fake == 2 else 0.99), baseline_cost=a.bc,
+                              entropy_cost=a.ent, vtrace_lambda=1.0, clip_param=a.ppo,
+                              normalize_advantages=bool(a.advnorm))
 step = tf.function(lambda o: agent(o, tf.ones([a.n], bool), ())[0])
 
 @tf.function
 def train(batch):
     with tf.GradientTape() as tape:
         out, _ = agent.unroll(batch["observation"], batch["first"], ())
-        loss, st = L.compute_losses(out, batch, flags)
-        if a.ppo > 0:
-            import vtrace
-            logits = out.policy_logits[:-1]
-            rw = L.clip_rewards(batch["reward"], "abs_one"); disc = tf.cast(~batch["done"], tf.float32) * 0.99
-            vt = vtrace.from_logits(batch["behaviour_logits"], logits, batch["action"], disc, rw, out.baseline[:-1], out.baseline[-1])
-            ratio = tf.exp(vt.log_rhos)
-            adv = tf.stop_gradient(vt.pg_advantages)
-            if a.advnorm:
-                adv = (adv - tf.reduce_mean(adv)) / (tf.math.reduce_std(adv) + 1e-8)
-            surr = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1 - a.ppo, 1 + a.ppo) * adv)
-            loss = loss - st["pg_loss"] - tf.reduce_sum(surr)
+        loss, st = L.compute_losses(out, batch, flags)  # --ppo: the clipped surrogate (APPO)
         if a.mean:
             loss = loss / tf.cast(tf.size(batch["reward"]), tf.float32)
     g = tape.gradient(loss, V)
@@ -128,8 +119,7 @@ while frames < a.frames:
     frames += 4 * a.T * a.n; k += 1
     if k % a.every == 1:
         d0, d1, df = [float(x) for x in dead(tf.constant(ob.reshape((-1,) + ob.shape[2:])))]
-        pa = float(np.mean(rw))
-        print("p(a=2) %.2f | " % pa, end="")
+        print("mean reward %.2f | " % float(np.mean(rw)), end="")
         print("upd %5d frames %8d %5.0fs fps %5.0f | ret20 %6.2f (%d eps) | ent %.3f gn %.1f | dead conv0 %.2f conv1 %.2f fc %.2f"
               % (k, frames, time.time() - t0, frames / (time.time() - t0), np.mean(rets[-20:]) if rets else np.nan,
                  len(rets), float(st["entropy"]), float(st["grad_norm"]), d0, d1, df), flush=True)

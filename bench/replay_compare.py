@@ -15,7 +15,6 @@ import csv
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 
 def variants(capacity):
@@ -39,9 +38,7 @@ def variants(capacity):
 
 
 def main():
-    # Ctrl-C stops the run (and its cluster) even when started in the background, where
-    # the shell hands Python SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    obey_ctrl_c()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--frames", type=int, default=1_500_000)

@@ -22,7 +22,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import signal
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
 SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
@@ -118,23 +117,27 @@ def ensure_peer(which):
     return None
 
 
-def sb3(args, timeout):
-    proc = subprocess.run([SB3_PY, os.path.join(HERE, "peers", "sb3_ppo.py")] + args, capture_output=True,
+def run_peer(py, script, args, timeout):
+    """Runs bench/peers/<script> in its venv; (the process, its last JSON line or None)."""
+    proc = subprocess.run([py, os.path.join(HERE, "peers", script)] + args, capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    return proc, json.loads(lines[-1]) if lines else None
+
+
+def sb3(args, timeout):
+    proc, out = run_peer(SB3_PY, "sb3_ppo.py", args, timeout)
+    if proc.returncode != 0 or out is None:
         raise RuntimeError("sb3_ppo.py %s failed: %s" % (" ".join(args), proc.stderr[-2000:]))
-    return json.loads(lines[-1])
+    return out
 
 
 def sample_factory(seconds):
     """Sample Factory's APPO frames/s (bench/peers/sf_appo.py in its own venv), or {"error": ...}."""
-    proc = subprocess.run([SF_PY, os.path.join(HERE, "peers", "sf_appo.py"), "--seconds=%g" % (seconds + 20)],
-                          capture_output=True, text=True, timeout=seconds + 900, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
+    proc, out = run_peer(SF_PY, "sf_appo.py", ["--seconds=%g" % (seconds + 20)], seconds + 900)
+    if out is None:
         return {"error": "exit %d: %s" % (proc.returncode, proc.stderr.strip()[-300:])}
-    return json.loads(lines[-1])
+    return out
 
 
 def ceiling_fps(level, processes, seconds):
@@ -297,9 +300,7 @@ SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling":
 
 
 def main():
-    # Ctrl-C stops the run (and its cluster) even when started in the background, where
-    # the shell hands Python SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    obey_ctrl_c()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("suite", choices=sorted(SUITES))
     p.add_argument("--seconds", type=float, default=90, help="measuring time per throughput run")

@@ -12,7 +12,6 @@ import argparse
 import csv
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 
 def sample(procs):
@@ -57,9 +56,7 @@ def slope_per_hour(ts, ys):
 
 
 def main():
-    # Ctrl-C stops the run (and its cluster) even when started in the background, where
-    # the shell hands Python SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    obey_ctrl_c()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--every_s", type=float, default=10)

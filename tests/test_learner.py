@@ -12,12 +12,17 @@ import learner
 import nets
 
 
+def _experiment_defaults(**overrides):
+    """experiment.py's flag defaults as a namespace (no parsing of sys.argv)."""
+    import experiment
+    values = {name: experiment.FLAGS[name].default for name in experiment.FLAGS}
+    values.update(overrides)
+    return types.SimpleNamespace(**values)
+
+
 def _flags(**kw):
-    base = dict(reward_clipping="abs_one", discounting=0.99, baseline_cost=0.5, entropy_cost=0.01,
-                clip_param=0.0, optimizer="rmsprop", learning_rate=0.01, decay=0.99, momentum=0.0,
-                epsilon=0.1, adam_epsilon=1e-8)
-    base.update(kw)
-    return types.SimpleNamespace(**base)
+    """The defaults with a larger learning rate and entropy cost, for visible effects."""
+    return _experiment_defaults(**{"learning_rate": 0.01, "entropy_cost": 0.01, **kw})
 
 
 def test_rmsprop_starts_like_tf1_with_mean_square_one():
@@ -120,14 +125,6 @@ def test_new_training_flags_are_validated(bad):
     assert proc.returncode != 0
     name = bad.split("=")[0]
     assert name in proc.stderr or name.lstrip("-") in proc.stderr
-
-
-def _experiment_defaults(**overrides):
-    """experiment.py's flag defaults as a namespace (no parsing of sys.argv)."""
-    import experiment
-    values = {name: experiment.FLAGS[name].default for name in experiment.FLAGS}
-    values.update(overrides)
-    return types.SimpleNamespace(**values)
 
 
 def test_sgd_passes_and_minibatches_on_42x42_pong(tmp_path):

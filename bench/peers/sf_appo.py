@@ -74,23 +74,22 @@ def main():
         wall = time.time() - t0
         shutil.rmtree(train_dir, ignore_errors=True)
     # Periodic lines: "Fps is (10 sec: X, 60 sec: Y, 300 sec: Z). Total num frames: N."
-    periodic = [(float(m.group(1)), float(m.group(2)) if m.group(2) != "nan" else None, int(m.group(3)))
-                for m in re.finditer(r"Fps is \(10 sec: ([\d.]+|nan), 60 sec: ([\d.]+|nan), 300 sec: "
+    periodic = [(float(m.group(1)), int(m.group(2)))  # (frames/s over the last 10 s, frames so far)
+                for m in re.finditer(r"Fps is \(10 sec: ([\d.]+|nan), 60 sec: [\d.na]+, 300 sec: "
                                      r"[\d.na]+\)\. Total num frames: (\d+)", log)]
     final = re.findall(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)", log)
-    trained = periodic[-1][2] if periodic else 0
-    if not periodic or trained == 0:
+    if not periodic or periodic[-1][1] == 0:
         print(log[-3000:], file=sys.stderr)
         samples = re.findall(r"Samples: (\d+)", log)
         print(json.dumps({"peer": "sample_factory_appo", "error": "exit %s; it trained on no frames in %.0f s "
                           "(%s samples collected)" % (proc.returncode, wall, samples[-1] if samples else 0)}))
         return 1
     # The median of the 10-second windows after the first 20 s (start-up excluded), like ours.
-    warm = [f for f, _, _ in periodic[2:]] or [f for f, _, _ in periodic]
+    warm = [f for f, _ in periodic[2:]] or [f for f, _ in periodic]
     warm.sort()
     out = {"peer": "sample_factory_appo", "level": "PongNoFrameskip-v4", "workers": a.workers,
            "envs_per_worker": a.envs_per_worker, "frames_per_s": warm[len(warm) // 2],
-           "frames": periodic[-1][2], "wall_s": wall,
+           "frames": periodic[-1][1], "wall_s": wall,
            "final_fps_incl_startup": float(final[-1][1]) if final else None}
     import importlib.metadata as md
     out["sample_factory"] = md.version("sample-factory")

@@ -16,7 +16,7 @@ import envs, nets
 ck = sys.argv[1]
 tf.random.set_seed(0)
 size = int(sys.argv[sys.argv.index("--size") + 1]) if "--size" in sys.argv else 84
-agent = nets.make_agent("SimpleConvNetAgent", 6)
+agent = nets.make_agent("SimpleConvNetAgent", 6, (size, size, 4))
 env = envs.make_env("PongNoFrameskip-v4", seed=5, screen_size=size)
 o, _ = env.reset(seed=5)
 agent(tf.constant(o[None]), tf.ones([1], bool), ())

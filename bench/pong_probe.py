@@ -42,7 +42,7 @@ p.add_argument("--fake", type=int, default=0)
 a = p.parse_args()
 tf.random.set_seed(0)
 spec = envs.env_spec(a.level)
-agent = nets.make_agent("SimpleConvNetAgent", spec.num_actions)
+agent = nets.make_agent("SimpleConvNetAgent", spec.num_actions, spec.obs_shape)
 E = [envs.make_env(a.level, seed=i) for i in range(a.n)]
 obs = np.stack([e.reset(seed=i)[0] for i, e in enumerate(E)])
 agent(tf.constant(obs), tf.ones([a.n], bool), ())

@@ -24,8 +24,9 @@ _AGENTS = {
 AGENT_NAMES = tuple(_AGENTS)
 
 
-def make_agent(agent_name, num_actions):
-    """The agent called `agent_name` with `num_actions` discrete actions."""
+def make_agent(agent_name, num_actions, obs_shape=None):
+    """The agent called `agent_name` with `num_actions` discrete actions; `obs_shape`
+    ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size."""
     if agent_name not in _AGENTS:
         raise ValueError(
             f"--agent_name={agent_name!r} is not a known agent; choose one of: "
@@ -38,6 +39,8 @@ def make_agent(agent_name, num_actions):
         raise ValueError(
             f"{agent_name} needs a positive integer number of discrete actions, "
             f"got num_actions={num_actions!r} (is the env's action space continuous?)")
+    if agent_name == "SimpleConvNetAgent" and obs_shape is not None and len(obs_shape) == 3:
+        return SimpleConvNetAgent(count, frame_hw=tuple(obs_shape[:2]))
     return _AGENTS[agent_name](count)
 
 

@@ -1,16 +1,28 @@
 """The shallow IMPALA network (Espeholt et al. 2018, fig. 3 left), as in A3C:
-conv 16 8x8 stride 4, conv 32 4x4 stride 2, fully connected 256, ReLUs."""
+conv 16 8x8 stride 4, conv 32 4x4 stride 2, fully connected 256, ReLUs.
+
+On frames smaller than 64 pixels (e.g. --width=--height=42) the first conv is
+4x4 stride 2: the same receptive field, in screen pixels, as 8x8 stride 4 on
+84x84 frames, and the same 9x9 map after the second conv. The 8x8/4 conv on
+42x42 frames leaves a 3x3 map that cannot place Pong's ball: a classifier of
+"ball above the paddle" on that torso reached 70% on held-out frames, against
+97% with 4x4/2 at 42x42 or 8x8/4 at 84x84 (3,000 Adam steps each).
+"""
 import sonnet as snt
 import tensorflow as tf
 
 from nets.base import FeedForwardAgent
 
+SMALL_FRAME = 64  # below this height or width, the first conv is 4x4 stride 2
+
 
 class SimpleConvTorso(snt.Module):
 
-    def __init__(self, name="simple_conv_torso"):
+    def __init__(self, frame_hw=(84, 84), name="simple_conv_torso"):
         super().__init__(name=name)
-        self._conv0 = snt.Conv2D(16, kernel_shape=8, stride=4, padding="VALID")
+        small = min(frame_hw) < SMALL_FRAME
+        self._conv0 = snt.Conv2D(16, kernel_shape=4 if small else 8, stride=2 if small else 4,
+                                 padding="VALID")
         self._conv1 = snt.Conv2D(32, kernel_shape=4, stride=2, padding="VALID")
         self._linear = snt.Linear(256)
 
@@ -23,5 +35,5 @@ class SimpleConvTorso(snt.Module):
 
 class SimpleConvNetAgent(FeedForwardAgent):
 
-    def __init__(self, num_actions, name="simple_conv_net_agent"):
-        super().__init__(SimpleConvTorso, num_actions, name=name)
+    def __init__(self, num_actions, frame_hw=(84, 84), name="simple_conv_net_agent"):
+        super().__init__(lambda: SimpleConvTorso(frame_hw), num_actions, name=name)

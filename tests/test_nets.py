@@ -121,6 +121,17 @@ def test_gradients_reach_every_variable(name):
         assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient for {var.name}"
 
 
+@pytest.mark.parametrize("size,kernel,stride", [(84, 8, 4), (42, 4, 2)])
+def test_simple_conv_fits_its_first_conv_to_the_frame_size(size, kernel, stride):
+    """8x8/4 on 84x84 frames, 4x4/2 on 42x42: the same 9x9 map after the second conv."""
+    agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS, (size, size, 4))
+    agent(np.zeros((1, size, size, 4), np.uint8), np.zeros(1, bool), ())
+    torso = agent._torso
+    assert tuple(torso._conv0.w.shape[:2]) == (kernel, kernel) and torso._conv0.stride == stride
+    x = torso._conv1(torso._conv0(tf.zeros((1, size, size, 4))))
+    assert x.shape == (1, 9, 9, 32)
+
+
 def test_uint8_frames_are_scaled_to_unit_floats():
     agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
     frames = observations("SimpleConvNetAgent", (2,))

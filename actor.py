@@ -31,7 +31,7 @@ def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_S
     if not spec.discrete:
         raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
                          "need discrete actions (use ppo_main.py for continuous control)" % level_name)
-    agent = nets.make_agent(agent_name, spec.num_actions)
+    agent = nets.make_agent(agent_name, spec.num_actions, spec.obs_shape)
     obs = tf.zeros((1,) + tuple(spec.obs_shape), tf.as_dtype(spec.obs_dtype))
     state = agent.initial_state(1)
     agent(obs, tf.ones([1], tf.bool), state)  # creates the variables
@@ -202,6 +202,10 @@ def run(flags, task, log=print):
     variables = agent.trainable_variables
     set_weights = make_weight_setter(variables)
     step = tf.function(lambda o, f, s: agent(o, f, s))
+    # Traced now, while the learner starts up, not when the first unroll should begin.
+    step.get_concrete_function(tf.TensorSpec((E,) + tuple(env_spec.obs_shape), env_spec.obs_dtype),
+                               tf.TensorSpec([E], tf.bool),
+                               tf.nest.map_structure(tf.TensorSpec.from_tensor, agent.initial_state(E)))
     env_list = [envs.make_env(flags.level_name, seed=flags.seed * 100003 + task * E + i, training=True,
                               screen_size=screen(flags)) for i in range(E)]
     client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)

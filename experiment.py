@@ -76,6 +76,11 @@ flags.DEFINE_bool("normalize_advantages", False, "Standardise the policy-gradien
                   "each minibatch to mean 0, std 1 (PPO's habit); off in IMPALA.")
 flags.DEFINE_float("clip_param", 0.0, "PPO clip of the policy ratio pi/mu in the policy-gradient "
                    "term (APPO); 0: the plain V-trace policy gradient of IMPALA.")
+flags.DEFINE_enum("clip_ratio_to", "behaviour", ["behaviour", "batch_start"], "What --clip_param's "
+                  "ratio compares the policy with: behaviour: the actors' policy mu (RLlib's APPO "
+                  "without a target network); batch_start: the learner's policy pi_old when the batch "
+                  "arrived (PPO's ratio, 1 at the first step however stale the batch), with V-trace "
+                  "correcting mu -> pi_old.")
 flags.DEFINE_float("vtrace_lambda", 1.0, "lambda of the V-trace traces c_s = lambda min(1, pi/mu) "
                    "(the paper's Retrace-like remark); 1 is IMPALA's; lower trades variance for "
                    "bias, like GAE's lambda.")
@@ -104,8 +109,8 @@ RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name"
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters",
-             "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "vtrace_lambda",
-             "normalize_advantages", "weight_init"]
+             "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
+             "vtrace_lambda", "normalize_advantages", "weight_init"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 

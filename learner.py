@@ -49,8 +49,13 @@ def compute_losses(agent_out, batch, flags):
     bootstrap_value = agent_out.baseline[-1]    # [B]
     rewards = clip_rewards(batch["reward"], flags.reward_clipping)
     discounts = tf.cast(~batch["done"], tf.float32) * flags.discounting
+    # With --clip_ratio_to=batch_start, V-trace corrects from the actors' policy mu to the
+    # learner's policy pi_old as the batch arrived (fixed for all the batch's gradient steps),
+    # and PPO's ratio below is pi / pi_old; otherwise to and against the current policy pi.
+    anchor = batch.get("old_logits")
     vt = vtrace.from_logits(
-        behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=logits,
+        behaviour_policy_logits=batch["behaviour_logits"],
+        target_policy_logits=logits if anchor is None else anchor,
         actions=batch["action"], discounts=discounts, rewards=rewards, values=values,
         bootstrap_value=bootstrap_value, lambda_=flags.vtrace_lambda)
     advantages = vt.pg_advantages
@@ -61,10 +66,16 @@ def compute_losses(agent_out, batch, flags):
         advantages = (advantages - mean) / (tf.sqrt(var) + 1e-8)
     clip = flags.clip_param
     if clip > 0:
-        # APPO (RLlib): PPO's clipped surrogate on the V-trace advantages, with the ratio
-        # r_s = pi(a_s|x_s) / mu(a_s|x_s) against the behaviour policy. It bounds how far
+        # APPO (RLlib): PPO's clipped surrogate on the V-trace advantages. It bounds how far
         # one batch may move the policy when the learner reuses it (--num_sgd_iter > 1).
-        ratio = tf.exp(vt.log_rhos)
+        # The ratio r_s = pi(a_s|x_s) / mu(a_s|x_s) is against the behaviour policy mu, or
+        # (batch_start) pi / pi_old, which is exactly 1 at the batch's first step however far
+        # the actors' policy lags behind.
+        if anchor is None:
+            ratio = tf.exp(vt.log_rhos)
+        else:
+            log_pi = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["action"], logits=logits)
+            ratio = tf.exp(log_pi - vt.target_action_log_probs)
         pg_loss = -tf.reduce_sum(tf.minimum(
             ratio * advantages, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * advantages))
     else:
@@ -115,7 +126,7 @@ _STEP_FIELDS = ("observation", "first", "action", "reward", "done", "behaviour_l
 
 def _minibatch(batch, index):
     """The unrolls `index` (along B) of a time-major batch: the fields a gradient step reads."""
-    mb = {k: tf.gather(batch[k], index, axis=1) for k in _STEP_FIELDS}
+    mb = {k: tf.gather(batch[k], index, axis=1) for k in _STEP_FIELDS + ("old_logits",) if k in batch}
     mb.update({k: tf.gather(v, index, axis=0) for k, v in batch.items() if k.startswith("core_state")})
     return mb
 
@@ -218,17 +229,20 @@ class Learner:
         # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
         # V-trace correcting for the policy having moved since the actors acted).
         passes, parts = self.flags.num_sgd_iter, self.flags.num_minibatches
-        for i in range(passes * parts):
-            if parts == 1:
-                mb = batch
-            else:
-                if i % parts == 0:
-                    order = tf.random.shuffle(tf.range(tf.shape(batch["action"])[1]))
-                size = batch["action"].shape[1] // parts
-                mb = _minibatch(batch, order[(i % parts) * size:(i % parts + 1) * size])
+        if self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start":
+            # pi_old: the policy before this batch's first gradient step.
+            out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
+            batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
+        size = batch["action"].shape[1] // parts
+        # One random order of the unrolls per pass; step i takes the (i % parts)-th slice.
+        orders = tf.stack([tf.random.shuffle(tf.range(batch["action"].shape[1])) for _ in range(passes)])
+
+        def sgd_step(i):
+            mb = batch if parts == 1 else _minibatch(
+                batch, orders[i // parts, (i % parts) * size:(i % parts + 1) * size])
             with tf.GradientTape() as tape:
                 out, _ = self.agent.unroll(mb["observation"], mb["first"], self._core_state(mb))
-                loss, pass_stats = compute_losses(out, mb, self.flags)
+                loss, step_stats = compute_losses(out, mb, self.flags)
             if self.size > 1:
                 tape = hvd.DistributedGradientTape(tape)
             grads = tape.gradient(loss, self.variables)
@@ -236,12 +250,25 @@ class Learner:
             if self.flags.gradients_clipping > 0:
                 grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
             self.optimizer.apply(grads, self.variables)
-            if i == 0:  # the figures of the first step: the batch (or its first minibatch) as it arrived
-                stats = dict(pass_stats, grad_norm=grad_norm)
+            return dict(step_stats, grad_norm=grad_norm)
+
+        # The figures of the first step: the batch (or its first minibatch) as it arrived. The
+        # other steps run in a graph loop, so tracing costs the same for 2 steps as for 32.
+        stats = sgd_step(tf.constant(0))
+        for i in tf.range(1, passes * parts):
+            sgd_step(i)
         self.num_env_frames.assign_add(new_frames)
         self.update_step.assign_add(1)
         stats["learning_rate"] = self.learning_rate
         return stats
+
+    def warm_up(self):
+        """Traces the update for a batch of the run's shapes without running it (no weight
+        moves), so the first real batch does not wait for TensorFlow to build the graph."""
+        zeros = {f.name: np.zeros((self.flags.batch_size,) + f.shape, f.dtype) for f in self.spec.fields}
+        tm = to_time_major(zeros, self.spec.names)
+        self._train_step.get_concrete_function(
+            {k: tf.TensorSpec(v.shape, v.dtype) for k, v in tm.items()}, tf.TensorSpec([], tf.int64))
 
     # -- checkpoints ----------------------------------------------------
     def restore(self, path):
@@ -423,6 +450,9 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print,
             metrics.write("time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,"
                           "total_loss,entropy,grad_norm\n")
 
+    t0 = time.time()
+    learner.warm_up()  # while the actors start up
+    log("[learner %d] update traced in %.1f s" % (rank, time.time() - t0))
     st = Stats()
     beats = Heartbeats(actor_ids if actor_ids is not None else range(num_actors), flags.actor_timeout_s,
                        rank, log)

@@ -178,10 +178,11 @@ class ActorClient:
     def connect(self, timeout_s: float, should_stop=lambda: False, log=print):
         """Opens a session and waits until the learner has published weights.
 
-        Retries with exponential backoff (0.5 s doubling to 8 s) until
-        `timeout_s` have passed; returns False if it gave up or was stopped."""
+        Retries with backoff (0.2 s, growing 1.5x to at most 2 s: a learner that comes up
+        is found within 2 s, and a retry is one small gRPC call) until `timeout_s` have
+        passed; returns False if it gave up or was stopped."""
         deadline = time.time() + timeout_s
-        delay = 0.5
+        delay = 0.2
         last_error = None
         while not should_stop():
             try:
@@ -205,7 +206,7 @@ class ActorClient:
                 log("giving up on learner %s after %.0f s: %s" % (self.target, timeout_s, last_error))
                 return False
             time.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            delay = min(delay * 1.5, 2.0)
         return False
 
     def reset(self):

@@ -99,6 +99,54 @@ def test_clip_param_stops_the_gradient_past_the_clip():
     assert np.abs(tape.gradient(loss, logits).numpy()).sum() > 0.1
 
 
+def test_clip_ratio_to_batch_start_keeps_a_stale_batch_learning():
+    """The batch of test_clip_param_stops_the_gradient_past_the_clip, whose actors' policy
+    lags far behind: against mu the clip stops every gradient; against pi_old (the policy
+    when the batch arrived, here = pi) the ratio is 1 and the policy moves, by V-trace's
+    advantages to pi_old: +rho_bar * 1 and -rho_bar * 1 with rho_bar = min(1, pi_old / mu)."""
+    T, B, A = 1, 2, 2
+    batch = {"reward": tf.constant([[1.0, -1.0]]), "done": tf.constant([[True, True]]),
+             "action": tf.constant([[0, 0]]), "behaviour_logits": tf.zeros([1, B, A])}
+    baseline = tf.zeros([T + 1, B])
+    l0 = np.log([[0.8, 0.2], [0.2, 0.8]]).astype(np.float32)[None]
+    logits = tf.Variable(tf.concat([l0, tf.zeros([1, B, A])], axis=0))
+    flags = _flags(clip_param=0.2, entropy_cost=0.0, baseline_cost=0.0, clip_ratio_to="batch_start")
+    with tf.GradientTape() as tape:
+        loss, _ = learner.compute_losses(_out(logits, baseline), dict(batch, old_logits=tf.constant(l0)), flags)
+    grad = tape.gradient(loss, logits).numpy()[0]
+    # d(-ratio * adv)/d logits at ratio 1 = -adv * (onehot(a) - pi); adv = (+1, -0.4).
+    pi = np.exp(l0[0])
+    expected = np.stack([-1.0 * (np.array([1, 0]) - pi[0]), 0.4 * (np.array([1, 0]) - pi[1])])
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_clip_ratio_to_batch_start_in_a_learner_step(tmp_path):
+    """The learner computes pi_old once per batch; its first gradient step equals the
+    behaviour-ratio step when the actors acted with the learner's own policy."""
+    kw = dict(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=5,
+              optimizer="adam", num_sgd_iter=1, clip_param=0.2, learning_rate=1e-2,
+              total_environment_frames=10 ** 6)
+    rng = np.random.default_rng(0)
+    B, T = 4, 5
+    obs = rng.normal(size=(T + 1, B, 4)).astype(np.float32)
+    weights = []
+    for to in ("behaviour", "batch_start"):
+        lrn = learner.Learner(_experiment_defaults(clip_ratio_to=to, **kw), str(tmp_path / to))
+        if not weights:
+            weights.append(lrn.flat_weights())
+        else:
+            learner.actor_lib.make_weight_setter(lrn.variables)(tf.constant(weights[0]))
+        out, _ = lrn.agent.unroll(tf.constant(obs), tf.zeros([T + 1, B], bool), ())
+        batch = {"observation": obs, "first": np.zeros((T + 1, B), bool),
+                 "action": np.ones((T, B), np.int32),
+                 "reward": np.ones((T, B), np.float32), "done": np.zeros((T, B), bool),
+                 "behaviour_logits": out.policy_logits.numpy()[:-1]}
+        lrn._train_step({k: tf.constant(v) for k, v in batch.items()}, tf.constant(20, tf.int64))
+        weights.append(lrn.flat_weights())
+    assert not np.allclose(weights[0], weights[1])
+    np.testing.assert_allclose(weights[1], weights[2], rtol=1e-4, atol=1e-6)
+
+
 def test_normalized_advantages_do_not_depend_on_the_reward_scale():
     """With --normalize_advantages the policy gradient is the same for rewards x1 and x100."""
     T, B, A = 6, 4, 3
@@ -117,7 +165,7 @@ def test_normalized_advantages_do_not_depend_on_the_reward_scale():
 
 
 @pytest.mark.parametrize("bad", ["--num_sgd_iter=0", "--clip_param=1.5", "--optimizer=sgd",
-                                 "--adam_epsilon=0"])
+                                 "--adam_epsilon=0", "--clip_ratio_to=target"])
 def test_new_training_flags_are_validated(bad):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",
@@ -142,8 +190,16 @@ def test_sgd_passes_and_minibatches_on_42x42_pong(tmp_path):
              "first": np.zeros((T + 1, B), bool), "action": rng.integers(0, 6, (T, B)).astype(np.int32),
              "reward": rng.normal(size=(T, B)).astype(np.float32), "done": np.zeros((T, B), bool),
              "behaviour_logits": rng.normal(size=(T, B, 6)).astype(np.float32)}
+    # Every field the transport delivers, as the learner's loop passes them.
+    full = learner.to_time_major({f.name: np.zeros((B,) + f.shape, f.dtype) for f in lrn.spec.fields},
+                                 lrn.spec.names)
+    full.update(batch)
     before = lrn.flat_weights()
-    stats = lrn._train_step({k: tf.constant(v) for k, v in batch.items()}, tf.constant(80, tf.int64))
+    lrn.warm_up()  # traces without running: nothing moves
+    np.testing.assert_array_equal(before, lrn.flat_weights())
+    assert int(lrn.optimizer.step.numpy()) == 0
+    stats = lrn._train_step({k: tf.constant(v) for k, v in full.items()}, tf.constant(80, tf.int64))
+    assert lrn._train_step.experimental_get_tracing_count() == 1  # the warm-up's graph was used
     assert int(lrn.optimizer.step.numpy()) == 3 * 2
     assert int(lrn.update_step.numpy()) == 1 and int(lrn.num_env_frames.numpy()) == 80
     assert np.isfinite(float(stats["total_loss"]))

@@ -26,7 +26,7 @@ from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 FLAGS = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=16",
          "--envs_per_actor=8", "--entropy_cost=0", "--discounting=0.98", "--optimizer=adam",
          "--learning_rate=0.002", "--num_sgd_iter=4", "--clip_param=0.2", "--vtrace_lambda=0.8",
-         "--log_every_s=1", "--queue_capacity=32"]
+         "--log_every_s=0.25", "--queue_capacity=32"]
 
 
 def read_metrics(path):
@@ -43,15 +43,15 @@ def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=()):
                            + list(extra), logdir)
     t_start = time.time()
     cluster.start()
-    hit = None
+    hit = hit_wall = None
     rows = []
     try:
         while time.time() - t_start < budget_s + 30:
-            time.sleep(1)
+            time.sleep(0.1)
             rows = read_metrics(os.path.join(logdir, "metrics.csv"))
             for r in rows:
                 if float(r["mean_return_20"]) >= threshold:
-                    hit = r
+                    hit, hit_wall = r, time.time() - t_start
                     break
             if hit or cluster.learner.poll() is not None:
                 break
@@ -64,6 +64,9 @@ def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=()):
         hit = None
     return {"seed": seed, "reached": hit is not None,
             "time_to_threshold_s": float(hit["time_s"]) if hit else float("nan"),
+            # From launching the processes (their imports and start-up included) until this
+            # script saw the row: at most 0.35 s late (progress every 0.25 s, polled every 0.1 s).
+            "from_launch_s": hit_wall if hit else float("nan"),
             "frames_to_threshold": int(hit["frames"]) if hit else -1,
             "best_mean_return_20": max((float(r["mean_return_20"]) for r in rows), default=float("nan")),
             "median_fps": sorted(float(r["fps"]) for r in rows)[len(rows) // 2] if rows else float("nan"),

@@ -61,7 +61,9 @@ flags.DEFINE_float("discounting", 0.99, "Discount factor.")
 flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "none"],
                   "Reward clipping in the loss.")
 flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global norm; 0 = off.")
-flags.DEFINE_float("learning_rate", 0.00048, "Learning rate of --optimizer (linearly decayed to 0).")
+flags.DEFINE_float("learning_rate", 0.00048, "Learning rate of --optimizer (see --learning_rate_decay).")
+flags.DEFINE_enum("learning_rate_decay", "linear", ["linear", "none"], "linear: to 0 at "
+                  "--total_environment_frames, as IMPALA; none: constant, as RLlib's APPO.")
 flags.DEFINE_enum("optimizer", "rmsprop", ["rmsprop", "adam"], "rmsprop: TF1's RMSProp as the "
                   "original IMPALA used it (mean square starts at 1); adam: Adam with --adam_epsilon.")
 flags.DEFINE_float("adam_epsilon", 1e-8, "Adam's epsilon (--optimizer=adam).")
@@ -108,7 +110,7 @@ FLAGS = flags.FLAGS
 RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
-             "learning_rate", "decay", "momentum", "epsilon", "seed", "replay_parameters",
+             "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
              "vtrace_lambda", "normalize_advantages", "weight_init"]
 

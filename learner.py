@@ -222,9 +222,9 @@ class Learner:
         return [logits[:, i] for i in range(len(items))]
 
     def _step(self, batch, new_frames):
-        # Linear decay of the learning rate to 0 over total_environment_frames.
-        frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
-        self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
+        if self.flags.learning_rate_decay == "linear":  # to 0 over total_environment_frames
+            frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
+            self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
         # --num_sgd_iter passes over the batch, each in --num_minibatches gradient steps on
         # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
         # V-trace correcting for the policy having moved since the actors acted).

@@ -226,3 +226,19 @@ def test_orthogonal_init_gains_and_zero_biases():
         gain = 0.01 if "policy_logits" in v.name else 1.0 if "baseline" in v.name else 2 ** 0.5
         # Orthogonal columns (fan_in >= fan_out here): W^T W = gain^2 I.
         np.testing.assert_allclose(w.T @ w, gain ** 2 * np.eye(w.shape[1]), atol=1e-4 * max(1, gain ** 2))
+
+
+@pytest.mark.parametrize("decay,expected", [("linear", 0.5e-3), ("none", 1e-3)])
+def test_learning_rate_decay(tmp_path, decay, expected):
+    """linear: the rate falls to 0 at --total_environment_frames (half way: half the rate);
+    none: it stays at --learning_rate."""
+    f = _experiment_defaults(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=2, unroll_length=3,
+                             learning_rate=1e-3, learning_rate_decay=decay, total_environment_frames=100)
+    lrn = learner.Learner(f, str(tmp_path))
+    rng = np.random.default_rng(0)
+    batch = {"observation": rng.normal(size=(4, 2, 4)).astype(np.float32), "first": np.zeros((4, 2), bool),
+             "action": np.zeros((3, 2), np.int32), "reward": np.ones((3, 2), np.float32),
+             "done": np.zeros((3, 2), bool), "behaviour_logits": np.zeros((3, 2, 2), np.float32)}
+    for _ in range(2):  # the rate of a step follows the frames counted before it
+        lrn._train_step({k: tf.constant(v) for k, v in batch.items()}, tf.constant(50, tf.int64))
+    assert float(lrn.learning_rate.numpy()) == pytest.approx(expected)

@@ -250,9 +250,12 @@ def run(flags, task, log=print):
             actions = out.action.numpy()
             buf["behaviour_logits"][:, t] = out.policy_logits.numpy()
             t2 = time.perf_counter()
+            cut = []  # (env, last observation) of episodes ended by a time limit
             for i, env in enumerate(env_list):
                 o, r, terminated, truncated, info = env.step(int(actions[i]))
                 done = terminated or truncated
+                if truncated and not terminated:
+                    cut.append((i, o))
                 if done:
                     o, _ = env.reset()
                 ep = info.get("episode")
@@ -264,6 +267,14 @@ def run(flags, task, log=print):
                 first[i] = done
                 buf["reward"][i, t] = r
                 buf["done"][i, t] = done
+            buf["timeout_value"][:, t] = 0.0
+            if cut:  # their value, for the learner to bootstrap from (the state continues)
+                final = obs.copy()
+                for i, o in cut:
+                    final[i] = o
+                out_final, _ = step(tf.constant(final), tf.constant(np.zeros([E], bool)), state)
+                for i, _ in cut:
+                    buf["timeout_value"][i, t] = float(out_final.baseline[i])
             buf["action"][:, t] = actions
             buf["observation"][:, t + 1] = obs
             buf["first"][:, t + 1] = first

@@ -48,6 +48,8 @@ def compute_losses(agent_out, batch, flags):
     values = agent_out.baseline[:-1]            # [T, B]
     bootstrap_value = agent_out.baseline[-1]    # [B]
     rewards = clip_rewards(batch["reward"], flags.reward_clipping)
+    if "timeout_value" in batch:  # bootstrap where a time limit, not the task, ended the episode
+        rewards += flags.discounting * batch["timeout_value"]
     discounts = tf.cast(~batch["done"], tf.float32) * flags.discounting
     # With --clip_ratio_to=batch_start, V-trace corrects from the actors' policy mu to the
     # learner's policy pi_old as the batch arrived (fixed for all the batch's gradient steps),
@@ -121,7 +123,7 @@ def make_optimizer(flags, learning_rate, variables):
     return optimizer
 
 
-_STEP_FIELDS = ("observation", "first", "action", "reward", "done", "behaviour_logits")
+_STEP_FIELDS = ("observation", "first", "action", "reward", "done", "timeout_value", "behaviour_logits")
 
 
 def _minibatch(batch, index):

@@ -61,6 +61,10 @@ def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_stat
         Field("action", np.dtype(np.int32), (T,)),
         Field("reward", np.dtype(np.float32), (T,)),
         Field("done", np.dtype(bool), (T,)),
+        # The actor's baseline V(x) of the last observation of an episode cut by a time
+        # limit (truncated, not terminated), at that step; 0 elsewhere. The learner adds
+        # gamma * V(x) to the reward there: a time limit is not a terminal state.
+        Field("timeout_value", np.dtype(np.float32), (T,)),
         Field("behaviour_logits", np.dtype(np.float32), (T, num_actions)),
         Field("episode_end", np.dtype(bool), (T,)),
         Field("episode_return", np.dtype(np.float32), (T,)),

@@ -66,19 +66,25 @@ class PolicyValueHeads(snt.Module):
         self._policy = snt.Linear(num_actions, name="policy_logits")
         self._baseline = snt.Linear(1, name="baseline")
 
-    def __call__(self, features):  # features [N, F]
+    def __call__(self, features, value_features=None):  # features [N, F]
         logits = self._policy(features)
-        baseline = tf.squeeze(self._baseline(features), axis=-1)
+        value_features = features if value_features is None else value_features
+        baseline = tf.squeeze(self._baseline(value_features), axis=-1)
         action = tf.random.categorical(logits, num_samples=1, dtype=tf.int32)[:, 0]
         return AgentOutput(action, logits, baseline)
 
 
 class FeedForwardAgent(snt.Module):
-    """torso -> heads. Its core state is the empty tuple ()."""
+    """torso -> heads. Its core state is the empty tuple ().
 
-    def __init__(self, make_torso, num_actions, name):
+    With `separate_value_torso`, the baseline gets a torso of its own (SB3's and CleanRL's
+    PPO do this for vector observations): in a shared torso the baseline's squared error,
+    summed over the batch, outweighs the policy gradient."""
+
+    def __init__(self, make_torso, num_actions, name, separate_value_torso=False):
         super().__init__(name=name)
         self._torso = make_torso()
+        self._value_torso = make_torso() if separate_value_torso else None
         self._heads = PolicyValueHeads(num_actions)
 
     def initial_state(self, batch_size):
@@ -86,7 +92,8 @@ class FeedForwardAgent(snt.Module):
         return ()
 
     def _step(self, obs):
-        return self._heads(self._torso(preprocess_observation(obs)))
+        x = preprocess_observation(obs)
+        return self._heads(self._torso(x), None if self._value_torso is None else self._value_torso(x))
 
     def __call__(self, obs, first, core_state):
         del first

@@ -1,6 +1,6 @@
-"""Agents for vector observations (CartPole, Acrobot, ...): a shared torso of
-two tanh layers of 64, then the policy and baseline heads (MLPAgent) or an
-LSTM of 256 first (MLPLSTMAgent)."""
+"""Agents for vector observations (CartPole, Acrobot, ...): two tanh layers of 64
+under the policy head and two more under the baseline head (MLPAgent, as SB3's
+and CleanRL's PPO), or one shared torso and an LSTM of 256 (MLPLSTMAgent)."""
 import sonnet as snt
 import tensorflow as tf
 
@@ -16,7 +16,7 @@ def make_mlp_torso():
 class MLPAgent(FeedForwardAgent):
 
     def __init__(self, num_actions, name="mlp_agent"):
-        super().__init__(make_mlp_torso, num_actions, name=name)
+        super().__init__(make_mlp_torso, num_actions, name=name, separate_value_torso=True)
 
 
 class MLPLSTMAgent(LSTMAgent):

@@ -242,3 +242,16 @@ def test_learning_rate_decay(tmp_path, decay, expected):
     for _ in range(2):  # the rate of a step follows the frames counted before it
         lrn._train_step({k: tf.constant(v) for k, v in batch.items()}, tf.constant(50, tf.int64))
     assert float(lrn.learning_rate.numpy()) == pytest.approx(expected)
+
+
+def test_a_time_limit_bootstraps_from_the_actors_value():
+    """done with timeout_value V: the target at that step is r + gamma V (a time limit is
+    not a terminal state); without it, r alone."""
+    batch = {"reward": tf.constant([[1.0, 1.0]]), "done": tf.constant([[True, True]]),
+             "timeout_value": tf.constant([[0.0, 10.0]]), "action": tf.constant([[0, 0]]),
+             "behaviour_logits": tf.zeros([1, 2, 2])}
+    out = _out(tf.zeros([2, 2, 2]), tf.zeros([2, 2]))
+    flags = _flags(discounting=0.9, baseline_cost=1.0, entropy_cost=0.0, reward_clipping="abs_one")
+    _, stats = learner.compute_losses(out, batch, flags)
+    # targets 1 and 1 + 0.9 * 10 (the reward is clipped, the bootstrap is not); V = 0
+    assert float(stats["baseline_loss"]) == pytest.approx(0.5 * (1.0 ** 2 + 10.0 ** 2))

@@ -76,7 +76,7 @@ def compute_losses(agent_out, batch, flags):
         if anchor is None:
             ratio = tf.exp(vt.log_rhos)
         else:
-            log_pi = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["action"], logits=logits)
+            log_pi = vtrace.log_probs_from_logits_and_actions(logits, batch["action"])
             ratio = tf.exp(log_pi - vt.target_action_log_probs)
         pg_loss = -tf.reduce_sum(tf.minimum(
             ratio * advantages, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * advantages))
@@ -237,7 +237,8 @@ class Learner:
             batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
         size = batch["action"].shape[1] // parts
         # One random order of the unrolls per pass; step i takes the (i % parts)-th slice.
-        orders = tf.stack([tf.random.shuffle(tf.range(batch["action"].shape[1])) for _ in range(passes)])
+        orders = None if parts == 1 else tf.stack(
+            [tf.random.shuffle(tf.range(batch["action"].shape[1])) for _ in range(passes)])
 
         def sgd_step(i):
             mb = batch if parts == 1 else _minibatch(
@@ -264,13 +265,19 @@ class Learner:
         stats["learning_rate"] = self.learning_rate
         return stats
 
+    def zero_batch(self, batch_size=None):
+        """A time-major batch of zeros with every field the transport delivers, as the
+        training loop passes it to the update."""
+        b = self.flags.batch_size if batch_size is None else batch_size
+        return to_time_major({f.name: np.zeros((b,) + f.shape, f.dtype) for f in self.spec.fields},
+                             self.spec.names)
+
     def warm_up(self):
         """Traces the update for a batch of the run's shapes without running it (no weight
         moves), so the first real batch does not wait for TensorFlow to build the graph."""
-        zeros = {f.name: np.zeros((self.flags.batch_size,) + f.shape, f.dtype) for f in self.spec.fields}
-        tm = to_time_major(zeros, self.spec.names)
         self._train_step.get_concrete_function(
-            {k: tf.TensorSpec(v.shape, v.dtype) for k, v in tm.items()}, tf.TensorSpec([], tf.int64))
+            {k: tf.TensorSpec(v.shape, v.dtype) for k, v in self.zero_batch().items()},
+            tf.TensorSpec([], tf.int64))
 
     # -- checkpoints ----------------------------------------------------
     def restore(self, path):

@@ -191,8 +191,7 @@ def test_sgd_passes_and_minibatches_on_42x42_pong(tmp_path):
              "reward": rng.normal(size=(T, B)).astype(np.float32), "done": np.zeros((T, B), bool),
              "behaviour_logits": rng.normal(size=(T, B, 6)).astype(np.float32)}
     # Every field the transport delivers, as the learner's loop passes them.
-    full = learner.to_time_major({f.name: np.zeros((B,) + f.shape, f.dtype) for f in lrn.spec.fields},
-                                 lrn.spec.names)
+    full = lrn.zero_batch(B)
     full.update(batch)
     before = lrn.flat_weights()
     lrn.warm_up()  # traces without running: nothing moves

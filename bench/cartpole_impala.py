@@ -1,5 +1,5 @@
 """Time to CartPole-v1 mean return >= 475 (last 20 episodes) with IMPALA on a
-local cluster (1 learner + 2 actor processes), for several seeds.
+local cluster (1 learner + NUM_ACTORS actor processes), for several seeds.
 
   .venv/bin/python bench/cartpole_impala.py --seeds 1 2 3 --budget_s 300
 
@@ -21,11 +21,16 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
-# APPO-style settings (measured, 1 seed each, bench/results/cartpole_tuning.md): Adam, each batch
-# used 4 times under a PPO clip, V-trace lambda 0.8, gamma 0.98, no entropy bonus.
+# APPO-style settings: Adam, each batch used 8 times under a PPO clip, V-trace lambda 0.8,
+# gamma 0.98, no entropy bonus; one actor process stepping 16 envs. Chosen by a sweep of 12
+# variants x 3 seeds with 2 actors x 8 envs, the finalists on 3 more seeds, then the actor count
+# (bench/results/2core-amd-epyc/cartpole_sweep.md): 8 passes was the steadiest, and on 2 cores
+# one actor beats two (learner + actor fill the cores; a third process only competes): 2.0-5.6 s
+# and 22-93K frames to 475 on seeds 1-6.
+NUM_ACTORS = 1
 FLAGS = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=16",
-         "--envs_per_actor=8", "--entropy_cost=0", "--discounting=0.98", "--optimizer=adam",
-         "--learning_rate=0.002", "--num_sgd_iter=4", "--clip_param=0.2", "--vtrace_lambda=0.8",
+         "--envs_per_actor=16", "--entropy_cost=0", "--discounting=0.98", "--optimizer=adam",
+         "--learning_rate=0.002", "--num_sgd_iter=8", "--clip_param=0.2", "--vtrace_lambda=0.8",
          "--log_every_s=0.25", "--queue_capacity=32"]
 
 
@@ -36,9 +41,9 @@ def read_metrics(path):
         return list(csv.DictReader(f))
 
 
-def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=()):
+def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=(), num_actors=NUM_ACTORS):
     logdir = tempfile.mkdtemp(prefix="cartpole_bench_")
-    cluster = LocalCluster(2, base_port, FLAGS + ["--seed=%d" % seed,
+    cluster = LocalCluster(num_actors, base_port, FLAGS + ["--seed=%d" % seed,
                                                   "--total_environment_frames=%d" % total_frames]
                            + list(extra), logdir)
     t_start = time.time()
@@ -81,6 +86,7 @@ def main():
     p.add_argument("--threshold", type=float, default=475.0)
     p.add_argument("--total_frames", type=int, default=4_000_000)
     p.add_argument("--base_port", type=int, default=18700)
+    p.add_argument("--actors", type=int, default=NUM_ACTORS, help="actor processes")
     p.add_argument("--extra", action="append", default=[],
                    help="one more experiment.py flag, e.g. --extra=--batch_size=8 (repeatable)")
     p.add_argument("--tag", default="cartpole_impala")
@@ -89,7 +95,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     results, curves = [], []
     for s in a.seeds:
-        r, rows = run_seed(s, a.budget_s, a.threshold, a.total_frames, a.base_port, a.extra)
+        r, rows = run_seed(s, a.budget_s, a.threshold, a.total_frames, a.base_port, a.extra, a.actors)
         print("seed %d: %s" % (s, r), flush=True)
         results.append(r)
         curves += [dict(seed=s, time_s=x["time_s"], frames=x["frames"], mean_return_20=x["mean_return_20"])
@@ -104,7 +110,9 @@ def main():
         w.writerows(curves)
     times = sorted(r["time_to_threshold_s"] if r["reached"] else float("inf") for r in results)
     median = times[len(times) // 2]
-    lines = ["# CartPole-v1, IMPALA (MLPAgent), 1 learner + 2 actors x 8 envs, 2 cores", "",
+    envs = next((e.split("=")[1] for e in reversed(FLAGS + a.extra) if e.startswith("--envs_per_actor=")), "?")
+    lines = ["# CartPole-v1, IMPALA (MLPAgent), 1 learner + %d actor(s) x %s envs, %d cores" % (
+                 a.actors, envs, os.cpu_count()), "",
              "Threshold: mean return of the last 20 episodes >= %g within %g s of training." % (
                  a.threshold, a.budget_s), "",
              "| seed | reached | seconds | frames | best mean-20 | median fps |", "|---|---|---|---|---|---|"]
@@ -113,8 +121,8 @@ def main():
             r["seed"], "yes" if r["reached"] else "no", r["time_to_threshold_s"], r["frames_to_threshold"],
             r["best_mean_return_20"], r["median_fps"]))
     lines += ["", "Median time to threshold: %s" % ("%.0f s" % median if median != float("inf") else "not reached"),
-              "", "Command: `.venv/bin/python bench/cartpole_impala.py --seeds %s --budget_s %g%s`"
-              % (" ".join(map(str, a.seeds)), a.budget_s, "".join(" --extra=" + e for e in a.extra))]
+              "", "Command: `.venv/bin/python bench/cartpole_impala.py --seeds %s --budget_s %g --actors %d%s`"
+              % (" ".join(map(str, a.seeds)), a.budget_s, a.actors, "".join(" --extra=" + e for e in a.extra))]
     with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:

@@ -10,7 +10,9 @@ Phase 2 (training): 1 learner + `--actors` actor processes until --frames.
 Writes bench/results/pong_impala.{csv,md,png}: the learning curve (frames,
 seconds, fps, mean return of the last 20 games) and the ratio of median
 end-to-end training fps to the ceiling, with the learner's own report of where
-time went (the bottleneck).
+time went (the bottleneck). With --stop_at_return R the run stops at the first
+progress line whose mean return of the last 20 games is >= R and reports the
+training seconds and frames it took (time to threshold).
 """
 import argparse
 import csv
@@ -67,6 +69,9 @@ def main():
     p.add_argument("--unroll_length", type=int, default=20)
     p.add_argument("--ceiling_s", type=float, default=20.0)
     p.add_argument("--base_port", type=int, default=18800)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--stop_at_return", type=float, default=None,
+                   help="stop when the mean return of the last 20 games reaches this (time to threshold)")
     p.add_argument("--tag", default="pong_impala")
     p.add_argument("--extra", action="append", default=[],
                    help="one more experiment.py flag, e.g. --extra=--epsilon=1e-5 (repeatable)")
@@ -83,22 +88,35 @@ def main():
     flags = ["--level_name=" + a.level, "--agent_name=SimpleConvNetAgent",
              "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
              "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
-             "--total_environment_frames=%d" % a.frames, "--log_every_s=10",
+             "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed,
              "--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
     t0 = time.time()
     interrupted = False
-    with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
-        try:
-            code = cluster.wait()
-        except KeyboardInterrupt:  # Ctrl-C: stop the run (it checkpoints) and report what it did
-            print("interrupted: stopping the run, then writing what it measured", flush=True)
-            interrupted = True
-    if interrupted:
-        code = cluster.learner.returncode
-    wall = time.time() - t0
+    hit = None  # the first metrics row at or above --stop_at_return
+
     def read(name, how):
         path = os.path.join(logdir, name)
         return how(open(path)) if os.path.exists(path) else None
+    with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
+        try:
+            while True:
+                code = cluster.wait(timeout=2.0)
+                if code is not None:
+                    break
+                if a.stop_at_return is not None:
+                    rows = read("metrics.csv", lambda f: list(csv.DictReader(f))) or []
+                    hit = next((r for r in rows if float(r["mean_return_20"]) >= a.stop_at_return), None)
+                    if hit is not None:
+                        print("mean return %.2f >= %g at %s frames, %.0f s: stopping" % (
+                            float(hit["mean_return_20"]), a.stop_at_return, hit["frames"],
+                            float(hit["time_s"])), flush=True)
+                        break
+        except KeyboardInterrupt:  # Ctrl-C: stop the run (it checkpoints) and report what it did
+            print("interrupted: stopping the run, then writing what it measured", flush=True)
+            interrupted = True
+    if interrupted or hit is not None:
+        code = cluster.learner.returncode
+    wall = time.time() - t0
     rows = read("metrics.csv", lambda f: list(csv.DictReader(f))) or []
     summary = read("summary.json", json.load)
     log_tail = (read(os.path.join("logs", "learner.log"), lambda f: f.read()) or "").splitlines()[-25:]
@@ -125,7 +143,10 @@ def main():
         "| ratio to ceiling (same run) | **%.2f** |" % ratio,
         "| frames trained | %d in %.0f s (wall, with start-up %.0f s) |" % (
             summary["frames"], summary["elapsed_s"], wall),
-        "| final mean return (last 20 games) | %.2f |" % summary["mean_return_20"],
+        "| final mean return (last 20 games) | %.2f |" % summary["mean_return_20"]] + (
+        ["| time to mean return %g (training s / frames) | %s |" % (
+            a.stop_at_return, "%.0f s / %s" % (float(hit["time_s"]), hit["frames"]) if hit else
+            "not reached in %d frames" % summary["frames"])] if a.stop_at_return is not None else []) + [
         "| learner: learning / publishing / waiting | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["learner_learn_s"] / tb["elapsed_s"], 100 * tb["learner_publish_s"] / tb["elapsed_s"],
             100 * tb["learner_wait_s"] / tb["elapsed_s"]),
@@ -133,12 +154,22 @@ def main():
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
         "| bottleneck | %s |" % tb["bottleneck"], ""] + (
         ["Stopped by Ctrl-C at %d of %d frames." % (summary["frames"], a.frames), ""] if interrupted else []) + [
-        "Command: `.venv/bin/python bench/pong_impala.py --frames %d --actors %d --envs_per_actor %d "
-        "--batch_size %d --unroll_length %d%s`" % (
-            a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length,
+        "Command: `.venv/bin/python bench/pong_impala.py %s--frames %d --actors %d --envs_per_actor %d "
+        "--batch_size %d --unroll_length %d --seed %d%s%s`" % (
+            "" if a.level == "PongNoFrameskip-v4" else "--level %s " % a.level,
+            a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length, a.seed,
+            " --stop_at_return %g" % a.stop_at_return if a.stop_at_return is not None else "",
             "".join(" --extra=" + e for e in a.extra))]
     with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    with open(os.path.join(a.out, a.tag + ".json"), "w") as f:
+        json.dump({"seed": a.seed, "ceiling_fps": ceiling_fps, "median_fps": median_fps, "ratio": ratio,
+                   "frames": summary["frames"], "elapsed_s": summary["elapsed_s"],
+                   "final_mean_return_20": summary["mean_return_20"], "threshold": a.stop_at_return,
+                   "reached": hit is not None,
+                   "time_to_threshold_s": float(hit["time_s"]) if hit else None,
+                   "frames_to_threshold": int(hit["frames"]) if hit else None,
+                   "bottleneck": tb["bottleneck"]}, f, indent=2)
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -230,12 +230,15 @@ def suite_cartpole(a, out):
         t = sorted(r[key] if r["reached"] else float("inf") for r in rs)
         return t[len(t) // 2]
 
+    envs = next(f.split("=")[1] for f in cartpole_impala.FLAGS if f.startswith("--envs_per_actor="))
+
     def sec(r, key):
         return ("%.1f" % r[key] if r["reached"] else "not reached") if r else "-"
     lines = ["# Time to CartPole-v1 mean return 475 (last 20 episodes), %d cores, budget %.0f s" % (
              os.cpu_count(), a.budget_s), "",
-             "Ours: IMPALA MLPAgent, 1 learner + 2 actors x 8 envs (bench/cartpole_impala.py settings). "
-             "SB3: PPO with rl-zoo's tuned CartPole hyperparameters, 8 envs in one process.",
+             "Ours: IMPALA MLPAgent, 1 learner + %d actor process(es) x %s envs (bench/cartpole_impala.py "
+             "settings). SB3: PPO with rl-zoo's tuned CartPole hyperparameters, 8 envs in one process."
+             % (cartpole_impala.NUM_ACTORS, envs),
              "Training seconds: ours from the learner being ready (graph traced) to the progress line "
              "that shows 475, SB3 from `learn()` starting; from launch: from starting the processes "
              "(imports, env and model construction included).", "",
@@ -295,12 +298,58 @@ def suite_scaling(a, out):
     return lines
 
 
+# The settings of the Pong run that learns (bench/results/2core-amd-epyc/pong_net42_const.md):
+# 42x42 frames with the fitted first conv, APPO (4 passes x 4 minibatches, ratio clipped against
+# the batch-start policy), constant Adam 5e-4, entropy 0.01.
+PONG_LEARNS = ["--actors", "2", "--envs_per_actor", "32", "--batch_size", "32", "--unroll_length", "32"] + [
+    "--extra=" + f for f in (
+        "--width=42", "--height=42", "--weight_init=orthogonal", "--optimizer=adam", "--learning_rate=0.0005",
+        "--learning_rate_decay=none", "--adam_epsilon=0.0026", "--gradients_clipping=128", "--num_sgd_iter=4",
+        "--num_minibatches=4", "--clip_param=0.1", "--clip_ratio_to=batch_start", "--normalize_advantages",
+        "--vtrace_lambda=0.95", "--entropy_cost=0.01")]
+
+
 def suite_pong_long(a, out):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "pong_impala.py"), "--frames", str(a.frames),
-                           "--out", out, "--tag", "pong_long"], cwd=ROOT)
-    if proc.returncode != 0:
-        return ["# Pong long run failed (exit %d)" % proc.returncode]
-    return open(os.path.join(out, "pong_long.md")).read().splitlines()
+    """Time to Pong +18 (mean of the last 20 games), one run per seed, each stopping at +18 or
+    at --frames; the table is rebuilt from every pong_long_seed<N>.json in the results folder,
+    so seeds can be run in separate invocations."""
+    for seed in a.seeds:
+        cmd = [sys.executable, os.path.join(HERE, "pong_impala.py"), "--frames", str(a.frames),
+               "--seed", str(seed), "--stop_at_return", "18", "--out", out, "--tag", "pong_long_seed%d" % seed,
+               "--base_port", str(a.base_port)] + PONG_LEARNS
+        proc = subprocess.run(cmd, cwd=ROOT)
+        if proc.returncode != 0:
+            print("Pong seed %d failed (exit %d)" % (seed, proc.returncode), flush=True)
+    runs = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith("pong_long_seed") and name.endswith(".json"):
+            with open(os.path.join(out, name)) as f:
+                runs.append(json.load(f))
+    if not runs:
+        return ["# Pong long suite: no run finished"]
+    runs.sort(key=lambda r: r["seed"])
+    lines = ["# Time to PongNoFrameskip-v4 mean return +18 (last 20 games), %d cores" % os.cpu_count(), "",
+             "IMPALA/APPO SimpleConvNetAgent at 42x42, 1 learner + 2 actors x 32 envs; each run stops at "
+             "+18 or %s frames. Training seconds count from the learner being ready." % _si(a.frames), "",
+             "| seed | reached | training s | frames | median fps | env ceiling fps | ratio | bottleneck |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append("| %d | %s | %s | %s | %.0f | %.0f | %.2f | %s |" % (
+            r["seed"], "yes" if r["reached"] else "no",
+            "%.0f" % r["time_to_threshold_s"] if r["reached"] else "-",
+            "%.2fM" % (r["frames_to_threshold"] / 1e6) if r["reached"] else "%.2fM" % (r["frames"] / 1e6),
+            r["median_fps"], r["ceiling_fps"], r["ratio"], r["bottleneck"]))
+    times = sorted(r["time_to_threshold_s"] if r["reached"] else float("inf") for r in runs)
+    median = times[len(times) // 2]
+    lines += ["", "Median over %d seed(s): %s." % (
+        len(runs), "%.0f s" % median if median != float("inf") else "not reached"),
+        "", "Command: `.venv/bin/python bench/run.py pong_long --seeds %s --frames %d`" % (
+            " ".join(str(r["seed"]) for r in runs), a.frames)]
+    return lines
+
+
+def _si(n):
+    return "%.0fM" % (n / 1e6) if n >= 1e6 else str(n)
 
 
 SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling": suite_scaling,

@@ -375,8 +375,8 @@ def main():
     a = p.parse_args()
     out = a.out or machine_dir()
     os.makedirs(out, exist_ok=True)
-    info = write_machine(out)
     lines = SUITES[a.suite](a, out)
+    info = write_machine(out)  # after the suite, which installs the peers whose versions it records
     lines += ["", "Machine: %d cores, %s, GPU: %s; TF %s, Horovod %s%s." % (
         info["cores"], info["cpu"], info["gpu"] or "none",
         info["ours"].get("tensorflow-cpu") or info["ours"].get("tensorflow"), info["ours"].get("horovod"),

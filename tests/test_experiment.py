@@ -80,6 +80,24 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     assert not os.path.exists(tmp_path / "run"), "nothing may be started or written on bad input"
 
 
+@pytest.mark.parametrize("flag,expected", [([], True), (["--noonednn"], False)])
+def test_onednn_flag_reaches_tensorflow(flag, expected):
+    """--onednn must be set before anything imports TensorFlow, which reads it only then:
+    main() sets it and validate_run() is the first import of TensorFlow."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import experiment\n"
+            "experiment.FLAGS(['experiment.py'] + %r)\n"
+            "assert 'tensorflow' not in sys.modules, 'experiment.py imported TensorFlow before set_onednn'\n"
+            "experiment.set_onednn()\n"
+            "experiment.validate_run()\n"
+            "from tensorflow.python.util import _pywrap_util_port\n"
+            "print('onednn', _pywrap_util_port.IsMklEnabled())\n" % (ROOT, flag))
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "onednn %s" % expected in r.stdout
+
+
 def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     """Trains CartPole on a local cluster, stops it with SIGINT mid-run (checkpoint,
     every process gone within 30 s), resumes with train_w_load (frame counter goes

@@ -5,9 +5,9 @@
 TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, when it is imported, so each setting runs in
 its own process; the settings alternate for --rounds rounds and the table gives, per
 workload, the median time of each and the ratio off/on measured in this invocation (> 1:
-oneDNN faster). Workloads: the Pong learner update (SimpleConvNetAgent at 84x84, batch 32 x unroll 20, RMSProp) and
-actor step (32 envs), and CartPole's (MLPAgent, batch 16 x unroll 16, Adam, 8 passes;
-actor step with 16 envs). Writes bench/results/<machine>/onednn.md.
+oneDNN faster). Workloads: the Pong learner update (SimpleConvNetAgent at 84x84, batch
+32 x unroll 20, RMSProp) and actor step (32 envs), and CartPole's (MLPAgent, batch 16 x
+unroll 16, Adam, 8 passes; actor step with 16 envs). Writes bench/results/<machine>/onednn.md.
 """
 import argparse
 import json
@@ -100,15 +100,12 @@ def main():
         "per process." % (a.rounds, a.reps), "",
         "| workload | oneDNN off | oneDNN on | off / on (> 1: on is faster) |", "|---|---|---|---|"]
     for w in WORKLOADS:
-        for key, label, unit in (("update_s", "learner update", "ms"), ("step_s", "actor step", "ms")):
+        for key, label in (("update_s", "learner update"), ("step_s", "actor step")):
             off = statistics.median(x[key] for x in res[(w, "0")])
             on = statistics.median(x[key] for x in res[(w, "1")])
-            lines.append("| %s %s | %.2f %s | %.2f %s | **%.2f** |" % (w, label, 1e3 * off, unit, 1e3 * on, unit,
-                                                                      off / on))
-    lines += ["", "experiment.py turns oneDNN on unless given --noonednn.", "", "Command: `.venv/bin/python bench/onednn.py --rounds %d`" % a.rounds, "",
-              "Machine: %d cores, %s, GPU: %s; TF %s." % (
-                  info["cores"], info["cpu"], info["gpu"] or "none",
-                  info["ours"].get("tensorflow-cpu") or info["ours"].get("tensorflow"))]
+            lines.append("| %s %s | %.2f ms | %.2f ms | **%.2f** |" % (w, label, 1e3 * off, 1e3 * on, off / on))
+    lines += ["", "experiment.py turns oneDNN on unless given --noonednn.", "",
+              "Command: `.venv/bin/python bench/onednn.py --rounds %d`" % a.rounds, "", harness.machine_line(info)]
     path = os.path.join(out, "onednn.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

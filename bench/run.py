@@ -85,6 +85,15 @@ def write_machine(out):
     return info
 
 
+def machine_line(info):
+    """The results tables' last line: the machine and the versions of write_machine's record."""
+    return "Machine: %d cores, %s, GPU: %s; TF %s, Horovod %s%s." % (
+        info["cores"], info["cpu"], info["gpu"] or "none",
+        info["ours"].get("tensorflow-cpu") or info["ours"].get("tensorflow"), info["ours"].get("horovod"),
+        ", SB3 %s + torch %s" % (info["sb3_peer"].get("stable-baselines3"), info["sb3_peer"].get("torch"))
+        if info.get("sb3_peer") else "")
+
+
 # ------------------------------------------------------------------ contenders
 def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=()):
     """Median end-to-end frames/s of our IMPALA (1 learner + actors) after 20 s of warm-up."""
@@ -377,11 +386,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     lines = SUITES[a.suite](a, out)
     info = write_machine(out)  # after the suite, which installs the peers whose versions it records
-    lines += ["", "Machine: %d cores, %s, GPU: %s; TF %s, Horovod %s%s." % (
-        info["cores"], info["cpu"], info["gpu"] or "none",
-        info["ours"].get("tensorflow-cpu") or info["ours"].get("tensorflow"), info["ours"].get("horovod"),
-        ", SB3 %s + torch %s" % (info["sb3_peer"].get("stable-baselines3"), info["sb3_peer"].get("torch"))
-        if info.get("sb3_peer") else "")]
+    lines += ["", machine_line(info)]
     path = os.path.join(out, a.suite + ".md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+import env_batch
 import envs
 import nets
 import transport
@@ -189,6 +190,83 @@ def _reconnect(client, flags, stopper, log, why):
     return _connect(client, flags.actor_reconnect_timeout_s, stopper, log)
 
 
+class EnvGroup:
+    """A batch of envs (env_batch.py) with its policy state and its rows of the unroll.
+    With --env_groups=2 one group steps in ale-py's C++ threads while the other is in
+    inference (Sample Factory's double-buffered sampling)."""
+
+    def __init__(self, batch, rows, obs_shape, obs_dtype, state):
+        self.batch, self.rows, self.state = batch, rows, state
+        n = rows.stop - rows.start
+        self.obs = np.zeros((n,) + tuple(obs_shape), obs_dtype)
+        self.first = np.ones([n], bool)
+        batch.reset(self.obs)
+
+
+def make_groups(flags, task, agent, env_spec):
+    """--env_groups groups of envs splitting the actor's --envs_per_actor; env i of the actor
+    is seeded with seed * 100003 + task * E + i whatever the backend and grouping."""
+    E, G = flags.envs_per_actor, flags.env_groups
+    backend = env_batch.resolve_backend(flags.env_backend, flags.level_name)
+    if G == 0:  # auto: overlap only where a group can step while another infers
+        G = 2 if backend == "native" and E % 2 == 0 else 1
+    if G < 1 or E % G:
+        raise ValueError("--env_groups=%d must be 0 (auto) or divide --envs_per_actor=%d" % (G, E))
+    n, groups = E // G, []
+    for g in range(G):
+        batch = env_batch.make_batch(backend, flags.level_name, n, flags.seed * 100003 + task * E + g * n,
+                                     training=True, screen_size=screen(flags), threads=flags.env_threads)
+        groups.append(EnvGroup(batch, slice(g * n, (g + 1) * n), env_spec.obs_shape, env_spec.obs_dtype,
+                               agent.initial_state(n)))
+    return groups
+
+
+def fill_unroll(groups, buf, step, T, timing):
+    """Steps every group T times, writing the unroll into buf (fields [E, T(+1), ...]).
+
+    Each group is sent its actions as soon as its inference is done and received only
+    after the other groups' inference: with the native backend a group steps while the
+    others infer. timing[0] += time waiting for / stepping envs, timing[1] += inference."""
+    def infer(g, t):
+        t0 = time.perf_counter()
+        out, g.state = step(tf.constant(g.obs), tf.constant(g.first), g.state)
+        actions = out.action.numpy()
+        buf["behaviour_logits"][g.rows, t] = out.policy_logits.numpy()
+        buf["action"][g.rows, t] = actions
+        t1 = time.perf_counter()
+        g.batch.send(actions)
+        timing[1] += t1 - t0
+        timing[0] += time.perf_counter() - t1
+
+    for g in groups:
+        buf["observation"][g.rows, 0] = g.obs
+        buf["first"][g.rows, 0] = g.first
+        for i, s in enumerate(tf.nest.flatten(g.state)):
+            buf["core_state_%d" % i][g.rows] = s.numpy()
+        infer(g, 0)
+    buf["episode_end"][:] = False
+    buf["timeout_value"][:] = 0.0
+    for t in range(T):
+        for g in groups:
+            t0 = time.perf_counter()
+            r = g.batch.recv(g.obs)
+            rows = g.rows
+            buf["reward"][rows, t], buf["done"][rows, t] = r.reward, r.done
+            buf["episode_end"][rows, t] = r.episode_end
+            buf["episode_return"][rows, t] = r.episode_return
+            buf["episode_length"][rows, t] = r.episode_length
+            buf["observation"][rows, t + 1] = g.obs
+            buf["first"][rows, t + 1] = g.first = r.done
+            timing[0] += time.perf_counter() - t0
+            if r.final_obs is not None:  # time limits: their value, for the learner to bootstrap from
+                t0 = time.perf_counter()
+                out, _ = step(tf.constant(r.final_obs), tf.constant(np.zeros_like(r.done)), g.state)
+                buf["timeout_value"][rows, t] = np.where(r.cut, out.baseline.numpy(), 0.0)
+                timing[1] += time.perf_counter() - t0
+            if t + 1 < T:
+                infer(g, t + 1)
+
+
 def run(flags, task, log=print):
     learner_hosts = flags.learner_hosts
     learner = learner_hosts[task % len(learner_hosts)]
@@ -202,22 +280,20 @@ def run(flags, task, log=print):
     variables = agent.trainable_variables
     set_weights = make_weight_setter(variables)
     step = tf.function(lambda o, f, s: agent(o, f, s))
+    groups = make_groups(flags, task, agent, env_spec)
+    n = E // len(groups)
     # Traced now, while the learner starts up, not when the first unroll should begin.
-    step.get_concrete_function(tf.TensorSpec((E,) + tuple(env_spec.obs_shape), env_spec.obs_dtype),
-                               tf.TensorSpec([E], tf.bool),
-                               tf.nest.map_structure(tf.TensorSpec.from_tensor, agent.initial_state(E)))
-    env_list = [envs.make_env(flags.level_name, seed=flags.seed * 100003 + task * E + i, training=True,
-                              screen_size=screen(flags)) for i in range(E)]
+    step.get_concrete_function(tf.TensorSpec((n,) + tuple(env_spec.obs_shape), env_spec.obs_dtype),
+                               tf.TensorSpec([n], tf.bool),
+                               tf.nest.map_structure(tf.TensorSpec.from_tensor, agent.initial_state(n)))
     client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)
-    log("actor %d: %d x %s, agent %s, learner %s" % (task, E, flags.level_name, flags.agent_name, learner))
+    log("actor %d: %d x %s (%s envs in %d group(s)), agent %s, learner %s"
+        % (task, E, flags.level_name, env_batch.resolve_backend(flags.env_backend, flags.level_name),
+           len(groups), flags.agent_name, learner))
     if not _connect(client, flags.actor_reconnect_timeout_s, stopper, log):
-        _close(env_list)
+        _close(groups)
         return 0 if stopper() else 3
 
-    obs = np.stack([env.reset(seed=flags.seed * 100003 + task * E + i)[0]
-                    for i, env in enumerate(env_list)])
-    first = np.ones([E], bool)
-    state = agent.initial_state(E)
     buf = {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}
     buf["actor_id"][:] = task
     timing = np.zeros(3, np.float64)  # env, inference, transfer
@@ -239,48 +315,7 @@ def run(flags, task, log=print):
         timing[2] += time.perf_counter() - t0
 
         buf["policy_version"][:] = client.version
-        buf["observation"][:, 0] = obs
-        buf["first"][:, 0] = first
-        for i, s in enumerate(tf.nest.flatten(state)):
-            buf["core_state_%d" % i][:] = s.numpy()
-        buf["episode_end"][:] = False
-        for t in range(T):
-            t1 = time.perf_counter()
-            out, state = step(tf.constant(obs), tf.constant(first), state)
-            actions = out.action.numpy()
-            buf["behaviour_logits"][:, t] = out.policy_logits.numpy()
-            t2 = time.perf_counter()
-            cut = []  # (env, last observation) of episodes ended by a time limit
-            for i, env in enumerate(env_list):
-                o, r, terminated, truncated, info = env.step(int(actions[i]))
-                done = terminated or truncated
-                if truncated and not terminated:
-                    cut.append((i, o))
-                if done:
-                    o, _ = env.reset()
-                ep = info.get("episode")
-                if ep is not None:
-                    buf["episode_end"][i, t] = True
-                    buf["episode_return"][i, t] = float(np.asarray(ep["r"]))
-                    buf["episode_length"][i, t] = int(np.asarray(ep["l"]))
-                obs[i] = o
-                first[i] = done
-                buf["reward"][i, t] = r
-                buf["done"][i, t] = done
-            buf["timeout_value"][:, t] = 0.0
-            if cut:  # their value, for the learner to bootstrap from (the state continues)
-                final = obs.copy()
-                for i, o in cut:
-                    final[i] = o
-                out_final, _ = step(tf.constant(final), tf.constant(np.zeros([E], bool)), state)
-                for i, _ in cut:
-                    buf["timeout_value"][i, t] = float(out_final.baseline[i])
-            buf["action"][:, t] = actions
-            buf["observation"][:, t + 1] = obs
-            buf["first"][:, t + 1] = first
-            t3 = time.perf_counter()
-            timing[1] += t2 - t1
-            timing[0] += t3 - t2
+        fill_unroll(groups, buf, step, T, timing)
         buf["actor_timing"][:] = (timing / E).astype(np.float32)
         timing[:] = 0
         timing[2] += sender.send(buf)
@@ -298,7 +333,7 @@ def run(flags, task, log=print):
             sender = Sender(client, stopper)
     sender.drain()
     sender.close()
-    _close(env_list)
+    _close(groups)
     client.reset()
     log("actor %d: stopped after %d unrolls%s" % (task, sent_before + sender.sent, "; gave up on the learner" if gave_up else ""))
     return 3 if gave_up else 0
@@ -402,6 +437,6 @@ def _enqueue(client, buf, stopper):
     return "stopped"
 
 
-def _close(env_list):
-    for env in env_list:
-        env.close()
+def _close(groups):
+    for g in groups:
+        g.batch.close()

@@ -212,8 +212,10 @@ class FrameStack(gym.Wrapper):
 # The factory.
 
 
-def _make_atari(env_id, training, render_mode=None, screen_size=SCREEN_SIZE):
+def _make_atari(env_id, training, render_mode=None, screen_size=SCREEN_SIZE, max_episode_frames=None):
     kwargs = {"frameskip": 1, "render_mode": render_mode}  # AtariPreprocessing does the frame skip
+    if max_episode_frames is not None:
+        kwargs["max_num_frames_per_episode"] = max_episode_frames
     if env_id.startswith("ALE/"):
         kwargs["repeat_action_probability"] = V5_REPEAT_ACTION_PROBABILITY
     env = gym.make(env_id, **kwargs)
@@ -246,7 +248,7 @@ def _make_vector(env_id, render_mode=None):
 
 
 def make_env(env_id: str, seed: int | None = None, training: bool = True,
-             render_mode: str | None = None, screen_size=SCREEN_SIZE) -> gym.Env:
+             render_mode: str | None = None, screen_size=SCREEN_SIZE, max_episode_frames=None) -> gym.Env:
     """Returns the wrapped env for `env_id`.
 
     training: Atari only: a lost life ends the episode (the game goes on).
@@ -256,9 +258,11 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     render_mode: gymnasium's, e.g. "rgb_array" (env.render() returns the frame).
     screen_size: Atari only: frames are resized to this (an int, or (width, height));
       84 as in DQN and IMPALA, 42 as RLlib's and PARL's fast Pong settings use.
+    max_episode_frames: Atari only: the time limit in emulator frames (ALE's default, 108,000,
+      when None); the episode is then truncated.
     """
     if _kind(env_id) == "atari":
-        env = _make_atari(env_id, training, render_mode, _screen(screen_size))
+        env = _make_atari(env_id, training, render_mode, _screen(screen_size), max_episode_frames)
     else:
         env = _make_vector(env_id, render_mode)
     if seed is not None:
@@ -267,12 +271,18 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     return env
 
 
-def _screen(screen_size):
-    """An int for square frames (gymnasium's own form), else a (width, height) tuple."""
+def frame_size(screen_size=SCREEN_SIZE):
+    """(width, height) in pixels of an int or (width, height) screen size."""
     if isinstance(screen_size, (tuple, list)):
         width, height = (int(v) for v in screen_size)
-        return width if width == height else (width, height)
-    return int(screen_size)
+        return width, height
+    return int(screen_size), int(screen_size)
+
+
+def _screen(screen_size):
+    """An int for square frames (gymnasium's own form), else a (width, height) tuple."""
+    width, height = frame_size(screen_size)
+    return width if width == height else (width, height)
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,6 +49,15 @@ flags.DEFINE_string("agent_name", "SimpleConvNetAgent", "SimpleConvNetAgent, Res
 flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor process, batched "
                      "through the policy.")
 
+flags.DEFINE_enum("env_backend", "auto", ["auto", "native", "python"], "How actors step Atari games: "
+                  "native: ale-py's C++ vector env (preprocessing in C++ threads); python: one gymnasium "
+                  "env per game, stepped in Python (envs.py); auto: native for Atari, python otherwise "
+                  "(classic control, MuJoCo).")
+flags.DEFINE_integer("env_threads", 1, "C++ threads of each native env group (--env_backend=native).")
+flags.DEFINE_integer("env_groups", 0, "Groups the actor's envs are split into: with 2, one group steps "
+                     "(native backend, in C++ threads) while the other is in inference. 0 = auto: 2 for the "
+                     "native backend (when --envs_per_actor is even), 1 for the Python backend, where "
+                     "groups cannot overlap.")
 flags.DEFINE_integer("actor_threads", 1, "TensorFlow threads per actor process for inference "
                      "(intra- and inter-op); 0 = TensorFlow's default (all cores).")
 flags.DEFINE_bool("onednn", True, "TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS), "
@@ -140,6 +149,11 @@ flags.register_validator("num_sgd_iter", lambda v: v is not None and 1 <= v <= 3
 flags.register_validator("vtrace_lambda", lambda v: 0 < v <= 1, message="must be in (0, 1]")
 flags.register_validator("clip_param", lambda v: 0 <= v < 1, message="must be in [0, 1) (0 = off)")
 flags.register_validator("actor_threads", lambda v: v >= 0, message="must be >= 0")
+flags.register_validator("env_threads", lambda v: v >= 1, message="must be >= 1")
+flags.register_multi_flags_validator(
+    ["env_groups", "envs_per_actor"],
+    lambda d: d["env_groups"] == 0 or (d["env_groups"] >= 1 and d["envs_per_actor"] % d["env_groups"] == 0),
+    message="--env_groups must be 0 (auto) or divide --envs_per_actor (the groups are equal batches)")
 flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
                          message="must be a comma-separated list of host:port (port 1-65535)")
 flags.register_validator("actor_hosts", _hosts_ok,
@@ -231,6 +245,11 @@ def validate_run():
     if not spec.discrete:
         raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
                          "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
+    import env_batch
+    try:
+        env_batch.resolve_backend(FLAGS.env_backend, FLAGS.level_name)
+    except ValueError as e:
+        raise UsageError(str(e))
     import replay
     try:
         replay.parse_replay_parameters(FLAGS.replay_parameters)

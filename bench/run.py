@@ -149,27 +149,37 @@ def sample_factory(seconds):
     return out
 
 
-def ceiling_fps(level, processes, seconds):
-    import pong_impala
-    return 4 * pong_impala.ceiling(level, processes, seconds)
-
-
 def spread(xs):
     return "%.0f (%.0f-%.0f)" % (statistics.median(xs), min(xs), max(xs)) if len(xs) > 1 else "%.0f" % xs[0]
 
 
 # ------------------------------------------------------------------ suites
+# Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
+# Actors: the native vector env (the default backend for Atari) in 2 groups that step while the
+# other infers (bench/actor_overlap.py); the Python backend is measured beside it as the before.
+OURS = (2, 32, [])  # actors, envs per actor, extra flags
+OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
+
+
 def suite_throughput(a, out):
+    import ceiling
     level = "PongNoFrameskip-v4"
     notes = []
     peer_error = ensure_peer("sb3")
     sf_error = ensure_peer("sf") if a.with_sample_factory else "not attempted (pass --with_sample_factory)"
-    res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": [], "sf": []}
+    res = {"ceiling_python": [], "ceiling_native": [], "impala": [], "impala_python": [], "sb3_2": [], "sb3_16": [],
+           "sf": []}
     bottleneck = {}
+    cores = os.cpu_count()
     for rep in range(a.repeats):
-        res["ceiling"].append(ceiling_fps(level, 2, 20))
-        fps, bottleneck = impala_fps(level, "SimpleConvNetAgent", 2, 32, a.seconds, a.base_port)
+        res["ceiling_python"].append(ceiling.python_fps(level, cores, 20))
+        res["ceiling_native"].append(ceiling.native_fps(level, cores, 20))
+        actors, envs, extra = OURS
+        fps, bottleneck = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
         res["impala"].append(fps)
+        actors, envs, extra = OURS_PYTHON
+        res["impala_python"].append(impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port,
+                                               extra)[0])
         if peer_error is None:
             res["sb3_2"].append(sb3(["throughput", "--n_envs=2", "--seconds=%g" % a.seconds],
                                     a.seconds + 300)["frames_per_s"])
@@ -181,11 +191,18 @@ def suite_throughput(a, out):
                 sf_error = "installed, but its run failed: " + got["error"]
             else:
                 res["sf"].append(got["frames_per_s"])
-        print("repeat %d: %s" % (rep + 1, {k: v[-1] for k, v in res.items() if v}), flush=True)
+        print("repeat %d: %s" % (rep + 1, {k: round(v[-1]) for k, v in res.items() if v}), flush=True)
     med = {k: statistics.median(v) for k, v in res.items() if v}
-    rows = [("raw env ceiling (2 processes stepping, random actions)", res["ceiling"], "-"),
-            ("ours: IMPALA, 1 learner + 2 actor processes x 32 envs", res["impala"],
-             "%.2f of ceiling" % (med["impala"] / med["ceiling"]))]
+    limit = max(med["ceiling_python"], med["ceiling_native"])
+    rows = [("env ceiling: %d Python processes stepping envs.py's Pong, random actions" % cores,
+             res["ceiling_python"], "%.2f of the limit" % (med["ceiling_python"] / limit)),
+            ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
+             res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
+            ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in 2 groups"
+             % OURS[:2], res["impala"], "**%.2f of the limit**" % (med["impala"] / limit)),
+            ("ours with the Python env backend (before this change), 1 group", res["impala_python"],
+             "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,
+                                                        med["impala"] / med["impala_python"]))]
     if peer_error is None:
         for key, label in (("sb3_2", "SB3 PPO, SubprocVecEnv 2 processes (same process count)"),
                            ("sb3_16", "SB3 PPO, SubprocVecEnv 16 processes (same env count)")):
@@ -201,15 +218,12 @@ def suite_throughput(a, out):
     else:
         notes.append("Sample Factory APPO: %s." % sf_error)
     if bottleneck:
-        notes.append("Our bottleneck report: %s; actors spend %.0f%% of their time stepping envs, %.0f%% in "
-                     "inference, %.0f%% in transfer." % (bottleneck.get("bottleneck"),
-                                                          100 * bottleneck.get("actor_env_share", 0),
-                                                          100 * bottleneck.get("actor_inference_share", 0),
-                                                          100 * bottleneck.get("actor_transfer_share", 0)))
-    lines = ["# Throughput: PongNoFrameskip-v4 end-to-end frames/s (training included), %d cores" % os.cpu_count(),
-             "", "Same network size everywhere (conv 16 8x8/4, conv 32 4x4/2, FC 256), our envs.py "
-             "preprocessing for every contender, frames = 4 x agent steps. %d repeat(s) of %.0f s, "
-             "interleaved; median (min-max)." % (a.repeats, a.seconds), "",
+        notes.append(where_time_goes(bottleneck))
+    lines = ["# Throughput: PongNoFrameskip-v4 end-to-end frames/s (training included), %d cores" % cores,
+             "", "84x84 gray frames, 4-frame stack, frame skip 4 (frames = 4 x agent steps). Same network size "
+             "where the framework lets us (conv 16 8x8/4, conv 32 4x4/2, FC 256). %d repeat(s) of %.0f s, "
+             "interleaved; median (min-max). Ratios are to the physical limit, the higher of the two env ceilings."
+             % (a.repeats, a.seconds), "",
              "| contender | frames/s | comparison |", "|---|---|---|"]
     lines += ["| %s | %s | %s |" % (label, spread(xs), cmp) for label, xs, cmp in rows]
     lines += [""] + notes + ["", "Command: `.venv/bin/python bench/run.py throughput --seconds %g --repeats %d`"
@@ -221,6 +235,17 @@ def suite_throughput(a, out):
             for i, x in enumerate(xs):
                 w.writerow([k, i, x])
     return lines
+
+
+def where_time_goes(tb):
+    """One sentence from the learner's summary.json time_breakdown: what limits the run."""
+    return ("Where time goes (our run): bottleneck %s; the learner learned %.0f%% of the time and waited "
+            "for data %.0f%%; actors spent %.0f%% of their time stepping envs (waiting on the env threads), "
+            "%.0f%% in inference, %.0f%% in transfer." % (
+                tb.get("bottleneck"), 100 * tb.get("learner_learn_s", 0) / max(tb.get("elapsed_s", 1), 1e-9),
+                100 * tb.get("learner_wait_s", 0) / max(tb.get("elapsed_s", 1), 1e-9),
+                100 * tb.get("actor_env_share", 0), 100 * tb.get("actor_inference_share", 0),
+                100 * tb.get("actor_transfer_share", 0)))
 
 
 def suite_cartpole(a, out):

@@ -1,0 +1,203 @@
+"""env_batch.py: the native (ale-py C++ vector env) and Python backends give the actor the same thing."""
+import numpy as np
+import pytest
+
+import env_batch
+import envs
+
+BACKENDS = ("python", "native")
+
+
+def run_steps(batch, n, actions_fn, obs):
+    """Steps n times; returns the StepResults."""
+    out = []
+    for t in range(n):
+        batch.send(actions_fn(t))
+        out.append(batch.recv(obs))
+    return out
+
+
+@pytest.mark.parametrize("size", [(84, 84), (42, 42), (64, 48)])
+def test_both_backends_give_the_shapes_and_dtypes_the_nets_take(size):
+    spec = envs.env_spec("PongNoFrameskip-v4", size)
+    for backend in BACKENDS:
+        batch = env_batch.make_batch(backend, "PongNoFrameskip-v4", 3, seed=5, screen_size=size)
+        try:
+            obs = np.zeros((3,) + spec.obs_shape, spec.obs_dtype)
+            batch.reset(obs)
+            assert obs.shape == (3, size[1], size[0], 4) and obs.dtype == np.uint8
+            assert obs.max() > 0  # a real frame arrived
+            r = run_steps(batch, 3, lambda t: np.zeros(3, np.int64), obs)[-1]
+            assert r.reward.dtype == np.float32 and r.reward.shape == (3,)
+            assert r.done.dtype == bool and r.episode_end.dtype == bool and r.cut.dtype == bool
+            assert r.episode_return.dtype == np.float32 and r.episode_length.dtype == np.int32
+            # the stack shifts: the newest frame is last, as in envs.FrameStack
+            before = obs.copy()
+            run_steps(batch, 1, lambda t: np.zeros(3, np.int64), obs)
+            np.testing.assert_array_equal(obs[..., :3], before[..., 1:])
+        finally:
+            batch.close()
+
+
+def test_native_frames_match_the_python_pipeline():
+    """Same preprocessing: the first frame after reset is Pong's court in both, to within
+    the resize's rounding (the two resets take different random no-ops, so compare the
+    static background, the top rows with the score)."""
+    frames = {}
+    for backend in BACKENDS:
+        batch = env_batch.make_batch(backend, "PongNoFrameskip-v4", 1, seed=3)
+        obs = np.zeros((1, 84, 84, 4), np.uint8)
+        batch.reset(obs)
+        frames[backend] = obs[0, :14, :, -1].astype(int)
+        batch.close()
+    assert np.abs(frames["python"] - frames["native"]).mean() < 2.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_same_seed_gives_the_same_games(backend):
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 6, (60, 2))
+    trajectories = []
+    for seed in (11, 11, 12):
+        batch = env_batch.make_batch(backend, "PongNoFrameskip-v4", 2, seed=seed)
+        obs = np.zeros((2, 84, 84, 4), np.uint8)
+        batch.reset(obs)
+        seen = [obs.copy()]
+        for t in range(60):
+            batch.send(actions[t])
+            batch.recv(obs)
+            seen.append(obs.copy())
+        batch.close()
+        trajectories.append(np.stack(seen))
+    np.testing.assert_array_equal(trajectories[0], trajectories[1])
+    assert not np.array_equal(trajectories[0], trajectories[2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_lost_life_ends_an_episode_for_training_but_not_the_game(backend):
+    """Breakout, 5 lives: in training every lost life is a `done` for the learner, but
+    episode_end (and the return and length reported) come once, for the whole game."""
+    batch = env_batch.make_batch(backend, "ALE/Breakout-v5", 1, seed=2, training=True)
+    obs = np.zeros((1, 84, 84, 4), np.uint8)
+    batch.reset(obs)
+    rng = np.random.default_rng(1)
+    dones, total, steps = 0, 0.0, 0
+    for _ in range(8000):
+        batch.send(rng.integers(0, 4, 1))
+        r = batch.recv(obs)
+        steps += 1
+        total += float(r.reward[0])
+        if r.episode_end[0]:
+            break
+        assert not r.cut[0]
+        dones += int(r.done[0])
+    else:
+        pytest.fail("a random Breakout game did not end in 8000 steps")
+    batch.close()
+    assert r.done[0] and not r.cut[0]
+    assert dones == 4  # the four lives before the last one
+    assert r.episode_return[0] == pytest.approx(total)
+    # envs.py's FireReset takes FIRE and UP as agent steps of the game after every reset
+    extra = 2 * (dones + 1) if backend == "python" else 0
+    assert r.episode_length[0] == steps + extra
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_evaluation_plays_all_lives_as_one_episode(backend):
+    batch = env_batch.make_batch(backend, "ALE/Breakout-v5", 1, seed=2, training=False)
+    obs = np.zeros((1, 84, 84, 4), np.uint8)
+    batch.reset(obs)
+    rng = np.random.default_rng(1)
+    for _ in range(8000):
+        batch.send(rng.integers(0, 4, 1))
+        r = batch.recv(obs)
+        if r.done[0]:
+            break
+    batch.close()
+    assert r.episode_end[0]  # the first `done` is the end of the game
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_time_limit_is_a_truncation_with_the_last_observation(backend):
+    """At the frame limit: done, cut (not terminated), the game's stats, the last observation
+    of the old episode in final_obs, and a fresh episode in the observation."""
+    batch = env_batch.make_batch(backend, "PongNoFrameskip-v4", 2, seed=4, max_episode_frames=400)
+    obs = np.zeros((2, 84, 84, 4), np.uint8)
+    batch.reset(obs)
+    seen = {}  # env -> (observation before, the step's result, observation after)
+    for t in range(200):
+        before = obs.copy()
+        batch.send(np.array([2, 3]))
+        r = batch.recv(obs)
+        for i in np.flatnonzero(r.done):
+            seen.setdefault(i, (before[i], r, obs[i].copy(), i))
+        if len(seen) == 2:
+            break
+    batch.close()
+    assert sorted(seen) == [0, 1]
+    for before, r, after, i in seen.values():
+        assert r.cut[i] and r.episode_end[i]
+        assert 80 <= r.episode_length[i] <= 100  # 400 frames / 4, minus the no-ops
+        assert r.final_obs is not None
+        # the last observation continues the old stack; the new episode starts a fresh one
+        np.testing.assert_array_equal(r.final_obs[i][..., :3], before[..., 1:])
+        assert not np.array_equal(r.final_obs[i], after)
+        assert all(np.array_equal(after[..., 0], after[..., c]) for c in range(1, 3))
+
+
+def test_backend_choice_and_errors():
+    assert env_batch.resolve_backend("auto", "PongNoFrameskip-v4") == "native"
+    assert env_batch.resolve_backend("auto", "CartPole-v1") == "python"
+    assert env_batch.resolve_backend("python", "ALE/Pong-v5") == "python"
+    with pytest.raises(ValueError, match="--env_backend=native steps Atari games only.*CartPole-v1"):
+        env_batch.resolve_backend("native", "CartPole-v1")
+    with pytest.raises(ValueError, match="--env_backend=gpu"):
+        env_batch.resolve_backend("gpu", "CartPole-v1")
+
+
+def test_classic_control_through_the_python_backend():
+    batch = env_batch.make_batch("auto", "CartPole-v1", 4, seed=1)
+    obs = np.zeros((4, 4), np.float32)
+    batch.reset(obs)
+    ends = 0
+    for t in range(300):
+        batch.send(np.zeros(4, np.int64))  # always left: falls within ~10 steps
+        r = batch.recv(obs)
+        ends += int(r.episode_end.sum())
+        assert np.array_equal(r.done, r.episode_end)
+    batch.close()
+    assert ends >= 4
+
+
+@pytest.mark.parametrize("backend,groups", [("native", 2), ("native", 1), ("python", 1)])
+def test_actor_unrolls_keep_each_env_on_its_own_row(backend, groups):
+    """actor.fill_unroll with the envs in groups: every row is one env's own sequence (each
+    frame stack continues the last unless an episode began), and an unroll starts where the
+    previous one ended."""
+    import types
+    import tensorflow as tf
+    import actor
+    E, T = 4, 12
+    flags = types.SimpleNamespace(envs_per_actor=E, env_groups=groups, env_backend=backend, env_threads=1,
+                                  level_name="PongNoFrameskip-v4", seed=3, width=42, height=42)
+    agent, spec, env_spec = actor.build_agent(flags.level_name, "SimpleConvNetAgent", T, (42, 42))
+    step = tf.function(lambda o, f, s: agent(o, f, s))
+    groups_made = actor.make_groups(flags, 0, agent, env_spec)
+    assert len(groups_made) == groups
+    buf = {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}
+    timing = np.zeros(3)
+    last = None
+    for _ in range(2):
+        actor.fill_unroll(groups_made, buf, step, T, timing)
+        obs, first = buf["observation"], buf["first"]
+        if last is not None:
+            np.testing.assert_array_equal(obs[:, 0], last)
+        for t in range(T):
+            for i in range(E):
+                if not first[i, t + 1]:
+                    np.testing.assert_array_equal(obs[i, t + 1][..., :3], obs[i, t][..., 1:])
+        assert set(np.unique(buf["action"])) <= set(range(6))
+        last = obs[:, T].copy()
+    assert timing[0] > 0 and timing[1] > 0
+    for g in groups_made:
+        g.batch.close()

@@ -19,6 +19,7 @@ from absl import flags
 import paramiko
 
 import hosts as hosts_lib
+import reach
 from hosts import HostError, LocalHost
 from plan import UsageError, write_cluster_json
 
@@ -143,15 +144,22 @@ def preflight_script(plan, key) -> str:
 
 def status_script(plan, key) -> str:
     """'#machine <boot id>' (to tell hosts that are the same machine apart), '#panes' lines
-    "window pid dead exit_status", then '#procs' lines (run_pids)."""
+    "window pid dead exit_status", '#procs' lines (run_pids), then '#reach' lines: each
+    actor window here and the newest line of its log about connecting to its learner."""
     return prelude(plan, key) + """
 echo "#machine $(cat /proc/sys/kernel/random/boot_id 2>/dev/null || hostname)"
 echo '#panes'
 $T list-panes -s -t "=$S" -F '#{window_name} #{pane_pid} #{pane_dead} #{@exit_status}' 2>/dev/null
 echo '#procs'
 run_pids
-true
-"""
+echo '#reach'
+""" + reach.log_lines_script([w for w in plan.actor_windows if w.host == key]) + "true\n"
+
+
+def learners_alive(plan) -> bool:
+    """Is mpirun's tmux window (on this machine) still running its command?"""
+    rc, out, _ = LocalHost().run(prelude(plan, "local") + '$T list-panes -t "=$S:learners" -F "#{pane_dead}"\n')
+    return rc == 0 and out.strip() == "0"
 
 
 def interrupt_script(plan, key) -> str:

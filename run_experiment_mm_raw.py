@@ -47,6 +47,7 @@ from absl import flags
 import hosts as hosts_lib
 import launch
 import plan as plan_lib
+import reach
 import watch
 import workers_csv
 from plan import EXIT_BAD_INPUT, UsageError
@@ -61,7 +62,7 @@ flags.DEFINE_bool("follow", False, "After start (or with watch): print the learn
                                    "dead actors until the learners exit; Ctrl-C stops the whole run.")
 flags.DEFINE_string("logdir", None, "Run directory, also passed to experiment.py. Relative paths are relative "
                                     "to --repo_dir. Default: results/<level_name>_<unix time>.")
-for _module in (hosts_lib, plan_lib, launch, watch):  # their flags show in --help too
+for _module in (hosts_lib, plan_lib, launch, reach, watch):  # their flags show in --help too
     flags.adopt_module_key_flags(_module)
 FLAGS = flags.FLAGS
 
@@ -114,7 +115,20 @@ def start(plan, hosts) -> int:
     learners_log = plan.learners_window.log
     offset = os.path.getsize(learners_log) if os.path.exists(learners_log) else 0
     rc = launch.start(plan, hosts)
-    if rc or not FLAGS.follow:
+    if rc:
+        return rc
+    try:
+        if not reach.check_after_start(plan, hosts, lambda: launch.learners_alive(plan),
+                                       say=lambda m: print(m, flush=True)):
+            rc = 1
+            print("the run goes on (actors retry); fix the path or end it with --action=stop", flush=True)
+    except KeyboardInterrupt:
+        if not FLAGS.follow:
+            print("Ctrl-C: reachability check skipped; the run goes on (--action=stop ends it)", flush=True)
+            return 130
+        print("Ctrl-C: stopping the run", flush=True)
+        return launch.stop(plan, hosts) or 130
+    if not FLAGS.follow:
         return rc
     return watch.monitor(plan, hosts, tail_from=offset, stop_at_end=True)
 

@@ -17,6 +17,7 @@ from absl import flags
 import paramiko
 
 import hosts as hosts_lib
+import reach
 from hosts import HostError
 from launch import prelude, status_script, stop
 
@@ -36,8 +37,9 @@ class PaneState:
 
 def poll(plan, hosts):
     """-> ({(host key, window): PaneState}, {host key: [(job, task, (machine, pid))] of worker
-    processes}). A host that cannot be reached now is missing from the second dict."""
-    panes, procs = {}, {}
+    processes}, {(host key, window): newest connect line of that actor's log}). A host that
+    cannot be reached now is missing from the second dict."""
+    panes, procs, states = {}, {}, {}
     for key, host in hosts.items():
         try:
             rc, out, err = host.run(status_script(plan, key))
@@ -58,11 +60,14 @@ def poll(plan, hosts):
                                                    exit_status=parts[3] if len(parts) > 3 else "")
             elif section == "#procs" and len(parts) == 4 and parts[1] == "worker":
                 procs[key].append((parts[2], parts[3], (machine, int(parts[0]))))
-    return panes, procs
+            elif section == "#reach" and parts:
+                name, _, rest = line.partition(" ")
+                states[(key, name)] = rest.strip()
+    return panes, procs, states
 
 
 def status(plan, hosts) -> int:
-    panes, procs = poll(plan, hosts)
+    panes, procs, states = poll(plan, hosts)
     labels = {k: h.label for k, h in hosts.items()}
     ok = True
     print(f"run {FLAGS.tmux_sess!r} from {plan.cluster.path}:")
@@ -78,7 +83,7 @@ def status(plan, hosts) -> int:
     else:
         ok = False
         print(f"  learners  {_dead(p)}  log: {lw.log}")
-    alive = 0
+    alive = not_connected = 0
     for w in plan.actor_windows:
         p = panes.get((w.host, w.name))
         a = plan.cluster.actors[int(w.name.split("_")[1])]
@@ -87,17 +92,25 @@ def status(plan, hosts) -> int:
         elif p and p.alive:
             alive += 1
             print(f"  {w.title:<9} alive (pid {p.pid})  {a.address} -> learner {a.index % k}  on {labels[w.host]}")
+            state = states.get((w.host, w.name), "")
+            if reach.never_connected(state):
+                not_connected += 1
+                print(f"            NOT CONNECTED to learner {plan.cluster.learners[a.index % k].address}: "
+                      f"{state or 'no connection yet (its log says nothing about it)'}")
         else:
             print(f"  {w.title:<9} {_dead(p)}  on {labels[w.host]}  log: {w.log}")
-    ok &= alive == len(plan.actor_windows)
+    ok &= alive == len(plan.actor_windows) and not not_connected
     print(f"summary: learners {'up' if panes.get(('local', 'learners'), PaneState(False, 0, '')).alive else 'down'},"
-          f" {alive}/{len(plan.actor_windows)} actors alive")
+          f" {alive}/{len(plan.actor_windows)} actors alive"
+          + (f", {not_connected} of them not connected to their learner" if not_connected else ""))
     return 0 if ok else 1
 
 
 def _dead(p):
     if p is None:
         return "NOT RUNNING (no tmux window)"
+    if p.exit_status == "0":
+        return "FINISHED (exit status 0)"
     return "DEAD" + (f" (exit status {p.exit_status})" if p.exit_status else "")
 
 
@@ -106,6 +119,7 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
     exit; with tail_from (a byte offset), also print the learners' log from there.
     stop_at_end (--follow): when the learners exit, or on Ctrl-C/SIGTERM, stop the run."""
     restarts = {w.name: 0 for w in plan.actor_windows}
+    said = {}  # window -> the connect line last reported
     t0, next_poll = time.time(), 0.0
     # SIGINT may be inherited as ignored (a background job of a non-interactive shell),
     # in which case Python raises no KeyboardInterrupt: install the default handler.
@@ -121,7 +135,7 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
                 tail_from = _print_new(plan.learners_window.log, tail_from)
             if time.time() >= next_poll:
                 next_poll = time.time() + FLAGS.watch_interval_s
-                panes, reachable = poll(plan, hosts)  # reachable: keyed by the hosts that answered
+                panes, reachable, states = poll(plan, hosts)  # reachable: keyed by the hosts that answered
                 learners = panes.get(("local", "learners"))
                 if learners is None:
                     _say(f"no tmux window {FLAGS.tmux_sess}:learners on this machine: the run was not started "
@@ -138,6 +152,7 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
                         print("actors may still run: stop them with --action=stop", flush=True)
                     return 0 if learners.exit_status == "0" else 1
                 restart_dead_actors(plan, hosts, panes, reachable, restarts)
+                report_connections(plan, hosts, panes, states, said)
             if FLAGS.watch_timeout_s and time.time() - t0 > FLAGS.watch_timeout_s and not stop_at_end:
                 _say("--watch_timeout_s reached; workers keep running")
                 return 0
@@ -151,7 +166,8 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
 
 
 def restart_dead_actors(plan, hosts, panes, reachable, restarts):
-    """respawn-pane each dead actor window, at most --max_restarts times per actor."""
+    """respawn-pane each dead actor window, at most --max_restarts times per actor; an
+    actor that exited 0 is finished and stays so."""
     for w in plan.actor_windows:
         p = panes.get((w.host, w.name))
         if (p is not None and p.alive) or w.host not in reachable or restarts[w.name] < 0:
@@ -159,6 +175,9 @@ def restart_dead_actors(plan, hosts, panes, reachable, restarts):
         label = hosts[w.host].label
         if p is None:
             _say(f"{w.title} on {label}: no tmux window; cannot restart it")
+            restarts[w.name] = -1  # said once
+        elif p.exit_status == "0":  # its learner finished (closed the queue), or it was stopped on purpose
+            _say(f"{w.title} on {label} finished (exit status 0); not restarting it")
             restarts[w.name] = -1  # said once
         elif restarts[w.name] < FLAGS.max_restarts:
             try:
@@ -173,6 +192,20 @@ def restart_dead_actors(plan, hosts, panes, reachable, restarts):
             _say(f"{w.title} on {label} is dead (exit status {p.exit_status or '?'}); not restarting it "
                  f"(restarted {restarts[w.name]} time(s) already, --max_restarts={FLAGS.max_restarts}); log {w.log}")
             restarts[w.name] = -1  # said once
+
+
+def report_connections(plan, hosts, panes, states, said):
+    """Say each new 'cannot reach learner' line of a live actor's log, and when it connects."""
+    for w in plan.actor_windows:
+        p, state = panes.get((w.host, w.name)), states.get((w.host, w.name), "")
+        if p is None or not p.alive or not state or state == said.get(w.name, ""):
+            continue
+        if not reach.never_connected(state):
+            if said.get(w.name):  # only after a reported problem
+                _say(f"{w.title} on {hosts[w.host].label}: {state}")
+        else:
+            _say(f"{w.title} on {hosts[w.host].label} has not connected: {state}")
+        said[w.name] = state
 
 
 def _say(msg):

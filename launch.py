@@ -143,11 +143,12 @@ def preflight_script(plan, key) -> str:
 
 
 def status_script(plan, key) -> str:
-    """'#machine <boot id>' (to tell hosts that are the same machine apart), '#panes' lines
+    """'#machine <boot id> <PID namespace>' (to tell hosts that are the same machine and
+    process table apart: containers share a boot id), '#panes' lines
     "window pid dead exit_status", '#procs' lines (run_pids), then '#reach' lines: each
     actor window here and the newest line of its log about connecting to its learner."""
     return prelude(plan, key) + """
-echo "#machine $(cat /proc/sys/kernel/random/boot_id 2>/dev/null || hostname)"
+echo "#machine $(cat /proc/sys/kernel/random/boot_id 2>/dev/null || hostname) $(readlink /proc/self/ns/pid)"
 echo '#panes'
 $T list-panes -s -t "=$S" -F '#{window_name} #{pane_pid} #{pane_dead} #{@exit_status}' 2>/dev/null
 echo '#procs'

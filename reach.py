@@ -121,7 +121,7 @@ def check_after_start(plan, hosts, learners_alive, say=print) -> bool:
     """Steps 1 and 2 of the module docstring; prints what it finds. True if all is well."""
     if FLAGS.reach_timeout_s <= 0:
         return True
-    learners = plan.cluster.learners
+    learners, t0 = plan.cluster.learners, time.time()
     say(f"checking that every actor host can reach its learner's port (learners get up to "
         f"{FLAGS.reach_timeout_s:g} s to start listening)")
     up, down = wait_for_learners(plan, hosts, FLAGS.reach_timeout_s, learners_alive)
@@ -134,7 +134,8 @@ def check_after_start(plan, hosts, learners_alive, say=print) -> bool:
         w = learners[r]
         say(f"error: actor host {hosts[key].label} cannot open a TCP connection to learner {r} at "
             f"{w.ip} port {w.tf_port} (actors {', '.join(map(str, actors))} feed it): "
-            f"{describe(result, FLAGS.reach_connect_timeout_s)}. Open TCP port {w.tf_port} on {w.ip} to that host.")
+            f"{describe(result, FLAGS.reach_connect_timeout_s)}. Open TCP port {w.tf_port} on {w.ip} to that host "
+            f"(found {time.time() - t0:.1f} s after the learners started)")
     if up and not bad:
         say(f"reachability: {len(results)} actor-host -> learner pair(s) connect "
             f"(learners listening after {max(up.values()):.1f} s)")

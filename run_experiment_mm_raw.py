@@ -20,6 +20,9 @@ to experiment.py on every worker, after a check that experiment.py accepts them.
      other hosts get one through SSH, so the workers outlive the SSH connection.
   4. Start all learners with one mpirun (Horovod rank r = the r-th learner row) in the
      local tmux window `learners`.
+  5. Wait for each learner to listen, then check from every actor host that it can open
+     a TCP connection to its learner's port; name each failing pair (exit 1, the run
+     goes on).
 Each worker's output goes to <logdir>/logs/<job>_<i>.log on its own host (and mpirun's
 to logs/learners.log here); `tmux attach -t impala` shows the windows.
 

@@ -9,6 +9,7 @@ including time blocked on a full queue, and weight reads).
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 
@@ -162,13 +163,17 @@ class Sender:
 def _connect(client, timeout_s, stopper, log):
     """client.connect in a helper thread: creating a gRPC session to an unreachable
     host can block inside TF's C++ code, where Python signal handlers do not run.
-    The main thread waits here instead, so Ctrl-C/SIGTERM always end the actor."""
+    The main thread waits here instead, so Ctrl-C/SIGTERM always end the actor, and
+    says at intervals (10 s, 30 s, 90 s, then every minute) that the learner cannot be
+    reached, so a firewall is not mistaken for a slow start."""
     result = {}
     thread = threading.Thread(target=lambda: result.update(ok=client.connect(timeout_s, stopper, log)),
                               daemon=True)
     thread.start()
+    t0 = time.time()
+    report_at = CONNECT_REPORT_FIRST_S
     # Session creation to a dead host can block past connect()'s own deadline: bound it here.
-    deadline = time.time() + timeout_s + 10.0
+    deadline = t0 + timeout_s + 10.0
     while thread.is_alive():
         thread.join(0.2)
         if stopper() and thread.is_alive():
@@ -176,11 +181,34 @@ def _connect(client, timeout_s, stopper, log):
             if thread.is_alive():
                 log("actor: stopped while still connecting to %s; exiting" % client.target)
                 os._exit(0)
+        waited = time.time() - t0
+        if thread.is_alive() and waited >= report_at:
+            log(_unreachable_message(client, waited))
+            report_at = min(report_at * 3, report_at + 60.0)
         if time.time() > deadline and thread.is_alive():
             log("giving up on learner %s after %.0f s (the connection attempt hangs)"
                 % (client.target, timeout_s))
             return False
-    return result.get("ok", False)
+    if result.get("ok", False):
+        log("actor: connected to learner %s after %.1f s" % (_address(client), time.time() - t0))
+        return True
+    return False
+
+
+CONNECT_REPORT_FIRST_S = 10.0
+
+
+def _address(client):
+    return client.target.replace("grpc://", "")
+
+
+def _unreachable_message(client, waited):
+    why = getattr(client, "last_error", None) or "no answer"
+    if why == transport.NOT_PUBLISHED:
+        return ("actor: learner %s answers but has published no weights for %.0f s (still starting?)"
+                % (_address(client), waited))
+    return ("actor: cannot reach learner %s for %.0f s: is the port open from this host (%s)? (%s)"
+            % (_address(client), waited, socket.gethostname(), why))
 
 
 def _reconnect(client, flags, stopper, log, why):

@@ -263,11 +263,14 @@ def validate_run():
 # ----------------------------------------------------------------- jobs
 def run_learner():
     import learner as learner_lib
-    rank, size = 0, 1
+    import devices
+    rank, size, local_rank = 0, 1, 0
     if len(FLAGS.learner_hosts) > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
         import horovod.tensorflow as hvd
         hvd.init()
-        rank, size = hvd.rank(), hvd.size()
+        rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+    # before the learner's first TensorFlow op: its GPU, if one is visible
+    devices.setup_learner(local_rank, log=log, prefix="[learner %d]" % rank)
     if size != len(FLAGS.learner_hosts):
         raise UsageError("--learner_hosts lists %d learner(s) but %d Horovod rank(s) are running; "
                          "start one rank per learner (mpirun -np %d)"
@@ -285,6 +288,8 @@ def run_learner():
 
 
 def run_actor():
+    import devices
+    devices.hide_gpus_from_actor()  # before the actor's first TensorFlow op
     import actor as actor_lib
     code = actor_lib.run(FLAGS, FLAGS.task, log=log)
     # A connection attempt abandoned in a helper thread can block interpreter shutdown

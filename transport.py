@@ -169,6 +169,9 @@ class LearnerTransport:
             pass
 
 
+NOT_PUBLISHED = "learner has not published weights yet"
+
+
 class ActorClient:
     """The actor's end: a gRPC client session on the learner's server."""
 
@@ -178,6 +181,7 @@ class ActorClient:
         self._g = _Graph(spec, capacity, batch_size)
         self.sess = None
         self.version = -1
+        self.last_error = None  # why the last connection attempt failed, for messages
 
     def connect(self, timeout_s: float, should_stop=lambda: False, log=print):
         """Opens a session and waits until the learner has published weights.
@@ -187,7 +191,7 @@ class ActorClient:
         passed; returns False if it gave up or was stopped."""
         deadline = time.time() + timeout_s
         delay = 0.2
-        last_error = None
+        last_error = self.last_error = None
         while not should_stop():
             try:
                 if self.sess is None:
@@ -197,9 +201,10 @@ class ActorClient:
                 opts = v1.RunOptions(timeout_in_ms=5000)
                 if self.sess.run(self._g.read_version, options=opts) >= 0:
                     return True
-                last_error = "learner has not published weights yet"
+                last_error = self.last_error = NOT_PUBLISHED
             except tf.errors.OpError as e:
                 last_error = e.message.splitlines()[0] if e.message else type(e).__name__
+                self.last_error = last_error  # for the actor's "cannot reach" messages
                 if "Shared queue" in (e.message or "") or isinstance(e, tf.errors.InvalidArgumentError):
                     raise RuntimeError(
                         "the learner at %s serves a different unroll layout (check that "

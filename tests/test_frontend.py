@@ -44,7 +44,8 @@ flags.DEFINE_list("learner_hosts", [], "")
 flags.DEFINE_list("actor_hosts", [], "")
 flags.DEFINE_string("level_name", "Fake-v0", "")
 flags.DEFINE_integer("batch_size", 32, "")
-flags.DEFINE_float("fake_actor_exit_after_s", 0, "actors exit with status 3 after this long")
+flags.DEFINE_float("fake_actor_exit_after_s", 0, "actors exit with --fake_actor_exit_code after this long")
+flags.DEFINE_integer("fake_actor_exit_code", 3, "")
 flags.DEFINE_float("fake_learner_exit_after_s", 0, "learners exit with status 0 after this long")
 F = flags.FLAGS
 
@@ -54,13 +55,21 @@ def main(argv):
         signal.signal(s, lambda signum, frame: got.append(signum))
     if F.job_name == "actor":
         me, learner = "actor %d" % F.task, F.learner_hosts[F.task % len(F.learner_hosts)]
-        exit_after, code = F.fake_actor_exit_after_s, 3
+        exit_after, code = F.fake_actor_exit_after_s, F.fake_actor_exit_code
     else:
         rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         me, learner = "learner %d" % rank, F.learner_hosts[rank]
         exit_after, code = F.fake_learner_exit_after_s, 0
     print("fake %s pid %d learner %s cvd=%s logdir=%s" % (me, os.getpid(), learner,
           os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"), F.logdir), flush=True)
+    if F.job_name == "learner":  # listen on the learner's port, as the real one does
+        import socket
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("", int(learner.rsplit(":", 1)[1])))
+        server.listen()
+    else:
+        print("actor: connected to learner %s after 0.0 s" % learner, flush=True)
     t0, beat = time.time(), 0
     while not got:
         time.sleep(0.1)
@@ -324,6 +333,22 @@ def test_watch_restarts_a_dead_actor_up_to_max_restarts(run):
         assert run.log(f"actor_{i}.log").count("starting actor") == 3
     rc, out, err = run.frontend(csv, "--action=stop")
     assert rc == 0, out + err
+    assert_nothing_left(run)
+
+
+def test_follow_does_not_restart_finished_actors(run):
+    """Actors that exit 0 (their learner closed its queue) are done, not dead."""
+    p = free_ports(3)
+    csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,",
+                         f"actor,127.0.0.1,{p[2]},,,,"])
+    rc, out, err = run.frontend(csv, "--follow", "--watch_interval_s=0.5", "--fake_actor_exit_after_s=1",
+                                "--fake_actor_exit_code=0", "--fake_learner_exit_after_s=5")
+    assert rc == 0, out + err
+    assert "the learners exited (mpirun status 0)" in out, out
+    assert "restarted it" not in out, out
+    for i in range(2):
+        assert f"actor {i} on this machine finished (exit status 0); not restarting it" in out, out
+        assert run.log(f"actor_{i}.log").count("starting actor") == 1
     assert_nothing_left(run)
 
 

@@ -1,0 +1,241 @@
+"""The frontend on several real hosts: network namespaces with their own PID namespace,
+/tmp, hostname and sshd (tests/netns_fixture.py), joined by a bridge.
+
+Learners on two hosts (mpirun over SSH from this machine), actors on three. The run
+folder and the repository are on the shared file system (/var/tmp here, as an NFS home
+would be); each host's /tmp, processes and tmux servers are its own. Needs root.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+import netns_fixture
+from test_frontend import FAKE_EXPERIMENT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FRONTEND = os.path.join(ROOT, "run_experiment_mm_raw.py")
+PY = sys.executable
+LEARNER_PORTS = (8001, 8002)
+
+
+class Cluster:
+    """One test's rig and run: hosts, CSV, frontend command line; torn down after."""
+
+    def __init__(self, n_hosts):
+        self.tag = uuid.uuid4().hex[:8]
+        self.dir = f"/var/tmp/impala_test_mh_{self.tag}"  # shared by all hosts (not /tmp)
+        self.rig = netns_fixture.Hosts(n_hosts, os.path.join(self.dir, "rig"))
+        self.socket, self.session = f"impala_test_{self.tag}", f"t_{self.tag}"
+        self.logdir = os.path.join(self.dir, "run")
+        self.script = os.path.join(self.dir, "fake_experiment.py")
+        with open(self.script, "w") as f:
+            f.write(FAKE_EXPERIMENT)
+
+    def write_csv(self, learners, actors):
+        """learners/actors: host indices (0-based) of each row."""
+        key = self.rig.client_key
+        rows = ["job,ip,tf_port,cuda_visible_devices,ssh_port,ssh_username,ssh_password,ssh_key_file"]
+        rows += [f"learner,{self.rig.hosts[h].ip},{LEARNER_PORTS[r]},,22,root,,{key}" for r, h in enumerate(learners)]
+        rows += [f"actor,{self.rig.hosts[h].ip},{9001 + i},,22,root,,{key}" for i, h in enumerate(actors)]
+        self.csv = os.path.join(self.dir, "workers.csv")
+        with open(self.csv, "w") as f:
+            f.write("\n".join(rows) + "\n")
+
+    def args(self, *extra, fake=True):
+        return [PY, FRONTEND, f"--workers_csv_path={self.csv}", f"--tmux_socket={self.socket}",
+                f"--tmux_sess={self.session}", f"--logdir={self.logdir}", "--stop_timeout_s=30",
+                f"--ssh_known_hosts={self.rig.known_hosts}",
+                f"--mpi_args=-mca oob_tcp_if_include {self.rig.subnet} -mca btl_tcp_if_include {self.rig.subnet}",
+                *([f"--experiment_script={self.script}"] if fake else []), *extra]
+
+    def frontend(self, *extra, fake=True, timeout=120):
+        p = subprocess.run(self.args(*extra, fake=fake), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+
+    def log(self, name):
+        path = os.path.join(self.logdir, "logs", name)
+        return open(path).read() if os.path.exists(path) else ""
+
+    def worker_pid(self, host, needle):
+        """pid (in host's PID namespace) of the python worker whose command line has needle."""
+        for line in host.ssh("ps -e -o pid=,args=", check=True).stdout.splitlines():
+            pid, args = line.split(None, 1)
+            if needle in args and "python" in args.split()[0]:
+                return int(pid)
+        raise AssertionError(f"no worker with {needle!r} on {host.name}")
+
+    def local_tmux_sessions(self):
+        p = subprocess.run(["tmux", "-L", self.socket, "ls"], capture_output=True, text=True)
+        return p.stdout.split() if p.returncode == 0 else []
+
+    def assert_nothing_left(self):
+        assert self.local_tmux_sessions() == []
+        for h in self.rig.hosts:
+            assert h.processes() == [], h.name  # no worker, orted or tmux server left on any host
+            assert h.ssh(f"tmux -L {self.socket} ls").returncode != 0, h.name
+
+    def cleanup(self):
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        sock = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", self.socket)
+        if os.path.exists(sock):
+            os.unlink(sock)
+        try:
+            self.rig.stop()  # kills every process on the hosts with their PID namespaces
+        finally:
+            left = self.rig.leftovers()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            assert left == [], f"the rig left {left}"
+
+
+def _cluster(n):
+    reason = netns_fixture.available()
+    if reason:
+        pytest.skip(reason)
+    c = Cluster(n)
+    try:
+        c.rig.start()
+    except BaseException:
+        c.cleanup()
+        raise
+    return c
+
+
+@pytest.fixture
+def cluster3():
+    c = _cluster(3)
+    yield c
+    c.cleanup()
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# ---------------------------------------------------------------------------
+# the rig itself
+# ---------------------------------------------------------------------------
+
+def test_rig_hosts_are_apart_and_bridged_with_and_without_docker_forward_drop(cluster3):
+    """Own PID namespace, /tmp and hostname per host; bridged TCP between hosts works even
+    when FORWARD's policy is DROP with br_netfilter loaded (what installing docker.io does)."""
+    h1, h2, h3 = cluster3.rig.hosts
+    assert h1.ssh("hostname", check=True).stdout.strip() == "h1"
+    h1.ssh("touch /tmp/only_on_h1 && (sleep 30 >/dev/null 2>&1 &)", check=True)
+    assert h1.ssh("test -e /tmp/only_on_h1").returncode == 0
+    assert h2.ssh("test -e /tmp/only_on_h1").returncode != 0 and not os.path.exists("/tmp/only_on_h1")
+    assert any(p.startswith("sleep 30") for p in h1.processes()) and h2.processes() == []
+    assert cluster3.rig.tcp_ok(h1, h2.ip, 22) and cluster3.rig.tcp_ok(h3, h1.ip, 22)
+
+    if shutil.which("modprobe"):  # may be built in, or loaded already (it is when Docker ran)
+        subprocess.run(["modprobe", "br_netfilter"], capture_output=True)
+    nf = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+    if not os.path.exists(nf):
+        pytest.skip("br_netfilter is not available on this kernel")
+    old_nf = open(nf).read().strip()
+    old_policy = re.search(r"-P FORWARD (\w+)", netns_fixture.sh("iptables", "-w", "-S", "FORWARD").stdout).group(1)
+    try:
+        with open(nf, "w") as f:
+            f.write("1")
+        netns_fixture.sh("iptables", "-w", "-P", "FORWARD", "DROP")
+        assert cluster3.rig.tcp_ok(h1, h2.ip, 22), "the rig's ACCEPT rules did not let bridged traffic through"
+        for chain, rule in cluster3.rig.forward_rules:  # without them, the same path is dropped
+            netns_fixture.sh("iptables", "-w", "-D", chain, *rule)
+        cluster3.rig.forward_rules = []
+        assert not cluster3.rig.tcp_ok(h1, h2.ip, 22, timeout=2)
+        cluster3.rig.allow_forwarding()
+        assert cluster3.rig.tcp_ok(h2, h3.ip, 22)
+    finally:
+        netns_fixture.sh("iptables", "-w", "-P", "FORWARD", old_policy)
+        with open(nf, "w") as f:
+            f.write(old_nf)
+
+
+# ---------------------------------------------------------------------------
+# the frontend on three hosts (fake workers: seconds)
+# ---------------------------------------------------------------------------
+
+def test_three_hosts_start_status_kill_restart_remote_rank_kill_stop(cluster3):
+    c = cluster3
+    h1, h2, h3 = c.rig.hosts
+    c.write_csv(learners=[0, 1], actors=[0, 1, 2, 2])  # actor i feeds learner i % 2
+    rc, out, err = c.frontend()
+    assert rc == 0, out + err
+    assert f"-H {h1.ip}:1,{h2.ip}:1" in out
+    assert re.search(r"reachability: 4 actor-host -> learner pair\(s\) connect", out), out
+    wait_for(lambda: all("heartbeat 2" in c.log(f"actor_{i}.log") for i in range(4)) and
+             all("heartbeat 2" in c.log(f"learner_{r}.log") for r in range(2)), 30, "heartbeats")
+    # each worker runs on its own host, in that host's process table
+    assert any("--job_name=learner" in p for p in h2.processes())
+    assert any("--task=3" in p for p in h3.processes()) and not any("--task=3" in p for p in h1.processes())
+
+    rc, out, err = c.frontend("--action=status")
+    assert rc == 0, out + err
+    assert "learner processes found: 2/2" in out and "4/4 actors alive" in out, out
+
+    # kill -9 an actor on h3: watch restarts it
+    h3.ssh(f"kill -9 {c.worker_pid(h3, '--task=2')}", check=True)
+    t0 = time.time()
+    rc, out, err = c.frontend("--action=watch", "--max_restarts=1", "--watch_interval_s=0.5", "--watch_timeout_s=3")
+    assert rc == 0, out + err
+    assert f"actor 2 on root@{h3.ip} port 22 was dead (exit status 137); restarted it (1/1)" in out, out
+    wait_for(lambda: c.log("actor_2.log").count("fake actor 2 pid") == 2, 20, "actor 2 to run again")
+    print(f"actor 2 restarted and running again {time.time() - t0:.1f} s after the watch started")
+
+    # kill -9 the remote learner rank on h2: mpirun ends the job; stop leaves nothing anywhere
+    h2.ssh(f"kill -9 {c.worker_pid(h2, '--job_name=learner')}", check=True)
+    rc, out, err = c.frontend("--action=watch", "--watch_interval_s=0.5", "--watch_timeout_s=30")
+    assert "the learners exited (mpirun status" in out, out + err
+    rc, out, err = c.frontend("--action=stop")
+    assert rc == 0, out + err
+    assert "stopped: no process of this run" in out
+    c.assert_nothing_left()
+
+
+# ---------------------------------------------------------------------------
+# a firewall between two hosts (the real experiment.py)
+# ---------------------------------------------------------------------------
+
+def test_firewall_between_two_hosts_is_reported_by_frontend_and_actor(cluster3):
+    c = cluster3
+    h1, h2, h3 = c.rig.hosts
+    c.write_csv(learners=[0], actors=[1, 2])
+    # h1 drops its learner port for packets from h2 (h3 and h1 itself still get through)
+    h1.netns_run("iptables", "-w", "-I", "INPUT", "-s", h2.ip, "-p", "tcp", "--dport", str(LEARNER_PORTS[0]),
+                 "-j", "DROP")
+    t0 = time.time()
+    rc, out, err = c.frontend("--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=4",
+                              "--unroll_length=20", "--envs_per_actor=2", "--log_every_s=3",
+                              "--total_environment_frames=100000000", fake=False, timeout=180)
+    took = time.time() - t0
+    expected = (f"error: actor host root@{h2.ip} port 22 cannot open a TCP connection to learner 0 at {h1.ip} "
+                f"port {LEARNER_PORTS[0]} (actors 0 feed it): no answer within 3 s")
+    assert rc == 1 and expected in out, out + err
+    assert f"actor host root@{h3.ip}" not in out  # only the blocked pair
+    after = float(re.search(r"found ([\d.]+) s after the learners started", out).group(1))
+    print(f"the frontend named the blocked pair {took:.1f} s after it was started, {after:.1f} s after mpirun")
+    assert after < 30, out
+    assert took < 60, f"the frontend took {took:.0f} s"
+
+    # the actor on h2 says so itself; the one on h3 connects
+    msg = f"actor: cannot reach learner {h1.ip}:{LEARNER_PORTS[0]} for 10 s: is the port open from this host (h2)?"
+    wait_for(lambda: msg in c.log("actor_0.log"), 60, "actor 0's message")
+    wait_for(lambda: "connected to learner" in c.log("actor_1.log"), 60, "actor 1 to connect")
+    rc, out, err = c.frontend("--action=status", fake=False)
+    assert rc == 1, out + err
+    assert re.search(rf"actor 0 .*\n\s+NOT CONNECTED to learner {h1.ip}:{LEARNER_PORTS[0]}: .*cannot reach", out), out
+    assert "2/2 actors alive, 1 of them not connected" in out
+
+    rc, out, err = c.frontend("--action=stop", fake=False, timeout=120)
+    assert rc == 0, out + err
+    c.assert_nothing_left()

@@ -1,0 +1,231 @@
+"""Watch: which workers are alive (--action=status), and the loop that restarts dead
+actors until the learners exit (--action=watch, --follow).
+
+An actor window whose command exited with status 0 is finished, not dead: actors exit 0
+when their learner closed its queue (the run reached its frame budget) or when they were
+interrupted on purpose, so the loop leaves them alone. Any other exit (a crash, kill -9,
+exit 3 after the learner stayed away) is restarted, up to --max_restarts times.
+"""
+import dataclasses
+import shlex
+import signal
+import sys
+import time
+
+from absl import flags
+
+import paramiko
+
+import hosts as hosts_lib
+import reach
+from hosts import HostError
+from launch import prelude, status_script, stop
+
+flags.DEFINE_integer("max_restarts", 3, "watch/--follow: restarts of one dead actor before giving up on it.")
+flags.DEFINE_float("watch_interval_s", 10.0, "watch/--follow: seconds between checks of the workers.")
+flags.DEFINE_float("watch_timeout_s", 0.0, "watch: stop watching after this many seconds (0: until the "
+                                           "learners exit or Ctrl-C).")
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass
+class PaneState:
+    alive: bool
+    pid: int
+    exit_status: str
+
+
+def poll(plan, hosts):
+    """-> ({(host key, window): PaneState}, {host key: [(job, task, (machine, pid))] of worker
+    processes}, {(host key, window): newest connect line of that actor's log}). A host that
+    cannot be reached now is missing from the second dict."""
+    panes, procs, states = {}, {}, {}
+    for key, host in hosts.items():
+        try:
+            rc, out, err = host.run(status_script(plan, key))
+        except (OSError, HostError, paramiko.SSHException) as e:
+            print(f"warning: cannot reach {host.label}: {e}", file=sys.stderr)
+            continue
+        section, machine = None, key
+        procs[key] = []
+        for line in out.splitlines():
+            if line.startswith("#machine"):
+                machine = line.split(" ", 1)[-1]
+            if line.startswith("#"):
+                section = line
+                continue
+            parts = line.split()
+            if section == "#panes" and len(parts) >= 3:
+                panes[(key, parts[0])] = PaneState(alive=parts[2] == "0", pid=int(parts[1]),
+                                                   exit_status=parts[3] if len(parts) > 3 else "")
+            elif section == "#procs" and len(parts) == 4 and parts[1] == "worker":
+                procs[key].append((parts[2], parts[3], (machine, int(parts[0]))))
+            elif section == "#reach" and parts:
+                name, _, rest = line.partition(" ")
+                states[(key, name)] = rest.strip()
+    return panes, procs, states
+
+
+def status(plan, hosts) -> int:
+    panes, procs, states = poll(plan, hosts)
+    labels = {k: h.label for k, h in hosts.items()}
+    ok = True
+    print(f"run {FLAGS.tmux_sess!r} from {plan.cluster.path}:")
+    lw = plan.learners_window
+    p = panes.get(("local", "learners"))
+    learner_hosts = {hosts_lib.host_key(w) for w in plan.cluster.learners}
+    # a set: two host entries may be one machine (then both see the same processes)
+    ranks = len({pid for key, ps in procs.items() if key in learner_hosts for job, _, pid in ps if job == "learner"})
+    k = len(plan.cluster.learners)
+    if p and p.alive:
+        print(f"  learners  mpirun alive (pid {p.pid}); learner processes found: {ranks}/{k}")
+        ok &= ranks == k
+    else:
+        ok = False
+        print(f"  learners  {_dead(p)}  log: {lw.log}")
+    alive = not_connected = 0
+    for w in plan.actor_windows:
+        p = panes.get((w.host, w.name))
+        a = plan.cluster.actors[int(w.name.split("_")[1])]
+        if w.host not in procs:
+            print(f"  {w.title:<9} UNKNOWN (cannot reach {w.host})")
+        elif p and p.alive:
+            alive += 1
+            print(f"  {w.title:<9} alive (pid {p.pid})  {a.address} -> learner {a.index % k}  on {labels[w.host]}")
+            state = states.get((w.host, w.name), "")
+            if reach.never_connected(state):
+                not_connected += 1
+                print(f"            NOT CONNECTED to learner {plan.cluster.learners[a.index % k].address}: "
+                      f"{state or 'no connection yet (its log says nothing about it)'}")
+        else:
+            print(f"  {w.title:<9} {_dead(p)}  on {labels[w.host]}  log: {w.log}")
+    ok &= alive == len(plan.actor_windows) and not not_connected
+    print(f"summary: learners {'up' if panes.get(('local', 'learners'), PaneState(False, 0, '')).alive else 'down'},"
+          f" {alive}/{len(plan.actor_windows)} actors alive"
+          + (f", {not_connected} of them not connected to their learner" if not_connected else ""))
+    return 0 if ok else 1
+
+
+def _dead(p):
+    if p is None:
+        return "NOT RUNNING (no tmux window)"
+    if p.exit_status == "0":
+        return "FINISHED (exit status 0)"
+    return "DEAD" + (f" (exit status {p.exit_status})" if p.exit_status else "")
+
+
+def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
+    """The watch loop: restart dead actors (up to --max_restarts each) until the learners
+    exit; with tail_from (a byte offset), also print the learners' log from there.
+    stop_at_end (--follow): when the learners exit, or on Ctrl-C/SIGTERM, stop the run."""
+    restarts = {w.name: 0 for w in plan.actor_windows}
+    said = {}  # window -> the connect line last reported
+    t0, next_poll = time.time(), 0.0
+    # SIGINT may be inherited as ignored (a background job of a non-interactive shell),
+    # in which case Python raises no KeyboardInterrupt: install the default handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if stop_at_end:
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    _say(f"watching {len(plan.actor_windows)} actor(s) every {FLAGS.watch_interval_s:g} s, restarting each up "
+         f"to {FLAGS.max_restarts} time(s); Ctrl-C "
+         f"{'stops the run' if stop_at_end else 'ends watching (workers keep running)'}")
+    try:
+        while True:
+            if tail_from is not None:
+                tail_from = _print_new(plan.learners_window.log, tail_from)
+            if time.time() >= next_poll:
+                next_poll = time.time() + FLAGS.watch_interval_s
+                panes, reachable, states = poll(plan, hosts)  # reachable: keyed by the hosts that answered
+                learners = panes.get(("local", "learners"))
+                if learners is None:
+                    _say(f"no tmux window {FLAGS.tmux_sess}:learners on this machine: the run was not started "
+                         f"or is stopped")
+                    return 1
+                if not learners.alive:
+                    if tail_from is not None:
+                        time.sleep(0.5)
+                        _print_new(plan.learners_window.log, tail_from)
+                    _say(f"the learners exited (mpirun status {learners.exit_status or '?'})")
+                    if stop_at_end:
+                        stop(plan, hosts)
+                    else:
+                        print("actors may still run: stop them with --action=stop", flush=True)
+                    return 0 if learners.exit_status == "0" else 1
+                restart_dead_actors(plan, hosts, panes, reachable, restarts)
+                report_connections(plan, hosts, panes, states, said)
+            if FLAGS.watch_timeout_s and time.time() - t0 > FLAGS.watch_timeout_s and not stop_at_end:
+                _say("--watch_timeout_s reached; workers keep running")
+                return 0
+            time.sleep(0.5 if tail_from is not None else min(1.0, FLAGS.watch_interval_s))
+    except KeyboardInterrupt:
+        if stop_at_end:
+            _say("Ctrl-C: stopping the run")
+            return stop(plan, hosts) or 130
+        _say("Ctrl-C: no longer watching; the workers keep running")
+        return 130
+
+
+def restart_dead_actors(plan, hosts, panes, reachable, restarts):
+    """respawn-pane each dead actor window, at most --max_restarts times per actor; an
+    actor that exited 0 is finished and stays so."""
+    for w in plan.actor_windows:
+        p = panes.get((w.host, w.name))
+        if (p is not None and p.alive) or w.host not in reachable or restarts[w.name] < 0:
+            continue
+        label = hosts[w.host].label
+        if p is None:
+            _say(f"{w.title} on {label}: no tmux window; cannot restart it")
+            restarts[w.name] = -1  # said once
+        elif p.exit_status == "0":  # its learner finished (closed the queue), or it was stopped on purpose
+            _say(f"{w.title} on {label} finished (exit status 0); not restarting it")
+            restarts[w.name] = -1  # said once
+        elif restarts[w.name] < FLAGS.max_restarts:
+            try:
+                hosts[w.host].run(prelude(plan, w.host) + f'$T respawn-pane -t "=$S:"{shlex.quote(w.name)}\n')
+            except (OSError, HostError, paramiko.SSHException) as e:
+                print(f"warning: cannot reach {label} to restart {w.title}: {e}", file=sys.stderr)
+                continue
+            restarts[w.name] += 1
+            _say(f"{w.title} on {label} was dead (exit status {p.exit_status or '?'}); restarted it "
+                 f"({restarts[w.name]}/{FLAGS.max_restarts}); log {w.log}")
+        else:
+            _say(f"{w.title} on {label} is dead (exit status {p.exit_status or '?'}); not restarting it "
+                 f"(restarted {restarts[w.name]} time(s) already, --max_restarts={FLAGS.max_restarts}); log {w.log}")
+            restarts[w.name] = -1  # said once
+
+
+def report_connections(plan, hosts, panes, states, said):
+    """Say each new 'cannot reach learner' line of a live actor's log, and when it connects."""
+    for w in plan.actor_windows:
+        p, state = panes.get((w.host, w.name)), states.get((w.host, w.name), "")
+        if p is None or not p.alive or not state or state == said.get(w.name, ""):
+            continue
+        if not reach.never_connected(state):
+            if said.get(w.name):  # only after a reported problem
+                _say(f"{w.title} on {hosts[w.host].label}: {state}")
+        else:
+            _say(f"{w.title} on {hosts[w.host].label} has not connected: {state}")
+        said[w.name] = state
+
+
+def _say(msg):
+    print(f"[watch {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _print_new(path, offset) -> int:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        sys.stdout.write(data.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(data)
+
+

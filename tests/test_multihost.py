@@ -239,3 +239,39 @@ def test_firewall_between_two_hosts_is_reported_by_frontend_and_actor(cluster3):
     rc, out, err = c.frontend("--action=stop", fake=False, timeout=120)
     assert rc == 0, out + err
     c.assert_nothing_left()
+
+
+# ---------------------------------------------------------------------------
+# a finished run restarts nothing; train_w_load resumes it across hosts (the real experiment.py)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_finished_run_restarts_nothing_and_train_w_load_resumes_across_hosts(cluster3):
+    c = cluster3
+    c.write_csv(learners=[0, 1], actors=[1, 2, 2])
+    run = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=4", "--unroll_length=20",
+           "--envs_per_actor=4", "--log_every_s=2", "--checkpoint_every_s=5"]
+    rc, out, err = c.frontend(*run, "--total_environment_frames=30000", "--follow", "--watch_interval_s=0.5",
+                              fake=False, timeout=400)
+    assert rc == 0, out + err
+    assert "the learners exited (mpirun status 0)" in out, out + err
+    assert "restarted" not in out, out  # the actors that exited after their learner finished are done
+    first = c.log("learner_0.log")
+    frames = int(re.search(r"frame budget reached after (\d+) frames", first).group(1))
+    hashes = re.findall(r"final weights sha256 (\w+)", first + c.log("learner_1.log"))
+    assert len(set(hashes)) == 1, hashes  # both ranks, on two hosts, ended with the same weights
+    assert os.listdir(os.path.join(c.logdir, "checkpoints"))
+
+    second = os.path.join(c.dir, "run2")
+    rc, out, err = c.frontend(*run, f"--logdir={second}", "--mode=train_w_load", f"--load_model_url={c.logdir}",
+                              "--total_environment_frames=60000", "--follow", "--watch_interval_s=0.5",
+                              fake=False, timeout=400)
+    assert rc == 0, out + err
+    resumed = open(os.path.join(second, "logs", "learner_0.log")).read()
+    assert re.search(rf"\[learner 0\] resumed from .* at {frames} frames", resumed), resumed
+    assert re.search(rf"\[learner 1\] resumed from .* at {frames} frames",
+                     open(os.path.join(second, "logs", "learner_1.log")).read())
+    assert "frame budget reached after" in resumed and "restarted" not in out
+    rc, out, err = c.frontend(f"--logdir={second}", "--action=stop", fake=False)
+    assert rc == 0, out + err
+    c.assert_nothing_left()

@@ -102,7 +102,8 @@ def stamp(s):
 class Child:
     """Sample Factory in its own process group; its log read line by line in a thread."""
 
-    def __init__(self, flags, train_dir):
+    def __init__(self, flags, train_dir, log=None):
+        self.log = log
         cmd = [sys.executable, os.path.abspath(__file__), "--_train", "--env=atari_pong", "--experiment=peer",
                "--train_dir=" + train_dir, "--with_wandb=False", "--save_every_sec=100000000",
                "--save_best_every_sec=100000000", "--keep_checkpoints=1", "--experiment_summaries_interval=10",
@@ -147,6 +148,9 @@ class Child:
             pass
         self.proc.wait()
         self.thread.join(10)
+        if self.log:
+            with open(self.log, "w") as f:
+                f.write("\n".join(self.lines) + "\n")
         return how
 
 
@@ -170,7 +174,7 @@ def throughput(a):
     train_dir = tempfile.mkdtemp(prefix="sf_peer_")
     flags = THROUGHPUT_FLAGS + ["--num_workers=%d" % a.workers, "--num_envs_per_worker=%d" % a.envs_per_worker]
     t0 = time.time()
-    child = Child(flags, train_dir)
+    child = Child(flags, train_dir, a.log)
     why = None
     try:
         while True:
@@ -220,7 +224,7 @@ def pong(a):
     train_dir = tempfile.mkdtemp(prefix="sf_peer_pong_")
     flags = PONG_FLAGS + ["--num_envs_per_worker=%d" % a.envs_per_worker, "--seed=%d" % a.seed]
     t0 = time.time()
-    child = Child(flags, train_dir)
+    child = Child(flags, train_dir, a.log)
     hit = None
     try:
         while child.proc.poll() is None:
@@ -272,6 +276,7 @@ def main():
     p.add_argument("--frames", type=int, default=10_000_000)
     p.add_argument("--budget_s", type=float, default=7200)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log", default=None, help="also write Sample Factory's whole log here")
     a = p.parse_args()
     if a.envs_per_worker is None:
         a.envs_per_worker = 32 if a.suite == "throughput" else 4

@@ -34,6 +34,7 @@ from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
 SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
+RLLIB_PY = os.path.join(ROOT, ".peer-venv-rllib", "bin", "python")
 
 
 # ------------------------------------------------------------------ machine
@@ -68,7 +69,7 @@ def versions(py):
     code = ("import importlib.metadata as m, json, sys; names=%r; out={'python': sys.version.split()[0]}\n"
             "for n in names:\n  try: out[n]=m.version(n)\n  except Exception: pass\nprint(json.dumps(out))"
             % (["tensorflow-cpu", "tensorflow", "horovod", "dm-sonnet", "gymnasium", "ale-py", "mujoco",
-                "numpy", "torch", "stable-baselines3", "sample-factory"],))
+                "numpy", "torch", "stable-baselines3", "sample-factory", "ray"],))
     try:
         return json.loads(subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=60).stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired):
@@ -80,6 +81,9 @@ def write_machine(out):
             "ours": versions(sys.executable), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if os.path.exists(SB3_PY):
         info["sb3_peer"] = versions(SB3_PY)
+    for key, py in (("sf_peer", SF_PY), ("rllib_peer", RLLIB_PY)):
+        if os.path.exists(py):
+            info[key] = versions(py)
     with open(os.path.join(out, "machine.json"), "w") as f:
         json.dump(info, f, indent=2)
     return info
@@ -141,12 +145,29 @@ def sb3(args, timeout):
     return out
 
 
-def sample_factory(seconds):
-    """Sample Factory's APPO frames/s (bench/peers/sf_appo.py in its own venv), or {"error": ...}."""
-    proc, out = run_peer(SF_PY, "sf_appo.py", ["--seconds=%g" % (seconds + 20)], seconds + 900)
+def _peer_or_error(py, script, args, timeout):
+    """A peer's JSON line ({"error": ...} included); the peer scripts bound and clean up their own
+    runs (SIGINT, then SIGKILL of their process groups), `timeout` is only the backstop."""
+    try:
+        proc, out = run_peer(py, script, args, timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "%s did not return within %.0f s" % (script, timeout)}
     if out is None:
         return {"error": "exit %d: %s" % (proc.returncode, proc.stderr.strip()[-300:])}
     return out
+
+
+def sample_factory(seconds):
+    """Sample Factory 2.1.1 APPO (bench/peers/sf_appo.py in .peer-venv-sf): env frames/s over `seconds`
+    after 20 s of training, trained frames/s, or {"error": ...}."""
+    return _peer_or_error(SF_PY, "sf_appo.py", ["throughput", "--seconds=%g" % seconds, "--warmup=20"],
+                          seconds + 600)
+
+
+def rllib_appo(seconds):
+    """RLlib APPO (bench/peers/rllib_appo.py in .peer-venv-rllib), the same measures, or {"error": ...}."""
+    return _peer_or_error(RLLIB_PY, "rllib_appo.py", ["throughput", "--seconds=%g" % seconds, "--warmup=20"],
+                          seconds + 600)
 
 
 def ceiling_fps(level, processes, seconds):
@@ -163,8 +184,11 @@ def suite_throughput(a, out):
     level = "PongNoFrameskip-v4"
     notes = []
     peer_error = ensure_peer("sb3")
-    sf_error = ensure_peer("sf") if a.with_sample_factory else "not attempted (pass --with_sample_factory)"
-    res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": [], "sf": []}
+    sf_error = ensure_peer("sf") if not a.no_sample_factory else "not run (--no_sample_factory)"
+    rllib_error = ensure_peer("rllib") if not a.no_rllib else "not run (--no_rllib)"
+    res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": [], "sf": [], "rllib": []}
+    trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
+    peer_info = {}
     bottleneck = {}
     for rep in range(a.repeats):
         res["ceiling"].append(ceiling_fps(level, 2, 20))
@@ -175,12 +199,20 @@ def suite_throughput(a, out):
                                     a.seconds + 300)["frames_per_s"])
             res["sb3_16"].append(sb3(["throughput", "--n_envs=16", "--seconds=%g" % a.seconds],
                                      a.seconds + 300)["frames_per_s"])
-        if sf_error is None:
-            got = sample_factory(a.seconds)
+        for key, run in (("sf", sample_factory), ("rllib", rllib_appo)):
+            if (sf_error if key == "sf" else rllib_error) is not None:
+                continue
+            got = run(a.seconds)
             if "error" in got:
-                sf_error = "installed, but its run failed: " + got["error"]
+                msg = "installed, but its run failed: " + got["error"]
+                if key == "sf":
+                    sf_error = msg
+                else:
+                    rllib_error = msg
             else:
-                res["sf"].append(got["frames_per_s"])
+                res[key].append(got["frames_per_s"])
+                trained[key].append(got["trained_frames_per_s"])
+                peer_info[key] = got
         print("repeat %d: %s" % (rep + 1, {k: v[-1] for k, v in res.items() if v}), flush=True)
     med = {k: statistics.median(v) for k, v in res.items() if v}
     rows = [("raw env ceiling (2 processes stepping, random actions)", res["ceiling"], "-"),
@@ -195,11 +227,26 @@ def suite_throughput(a, out):
     else:
         notes.append("SB3 PPO: %s" % peer_error)
     if res["sf"]:
-        rows.append(("Sample Factory 2 APPO (async, V-trace), 2 workers x 32 envs, its own Atari wrappers and "
-                     "its smallest net (conv 32-64-128 + FC 512: larger than ours)", res["sf"],
-                     "ours / this = **%.2f**" % (med["impala"] / med["sf"])))
-    else:
+        rows.append(("Sample Factory %s APPO (async, PPO clip + GAE), 2 workers x 32 envs, batch 1024, its Atari "
+                     "wrappers, our net (its convnet_impala + FC 256)" % peer_info["sf"].get("sample_factory", ""),
+                     res["sf"], "ours / this = **%.2f**" % (med["impala"] / med["sf"])))
+        notes.append("Sample Factory: its learner trained on %s frames/s (env frames/s in the row). V-trace is "
+                     "off: in 2.1.1 it crashes the learner's first iteration (bench/peers/sf_appo.py)."
+                     % spread(trained["sf"]))
+    if sf_error:
         notes.append("Sample Factory APPO: %s." % sf_error)
+    if res["rllib"]:
+        rows.append(("RLlib %s APPO (new API stack), local learner, 2 EnvRunners x 16 envs, batch 1024, its "
+                     "Atari wrappers, our convs + FC 256 in each of its 2 heads" % peer_info["rllib"].get("ray", ""),
+                     res["rllib"], "ours / this = **%.2f**" % (med["impala"] / med["rllib"])))
+        notes.append("RLlib: its learner trained on %s frames/s (env frames/s sampled in the row; RLlib drops "
+                     "batches its learner has no room for)." % spread(trained["rllib"]))
+    if rllib_error:
+        notes.append("RLlib APPO: %s." % rllib_error)
+    if res["sf"] or res["rllib"]:
+        notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
+                     "with max-pool, 4-frame stack, noop reset: the same observations), not envs.py; frames = 4 x "
+                     "agent steps for them too.")
     if bottleneck:
         notes.append("Our bottleneck report: %s; actors spend %.0f%% of their time stepping envs, %.0f%% in "
                      "inference, %.0f%% in transfer." % (bottleneck.get("bottleneck"),
@@ -220,6 +267,9 @@ def suite_throughput(a, out):
         for k, xs in res.items():
             for i, x in enumerate(xs):
                 w.writerow([k, i, x])
+        for k, xs in trained.items():
+            for i, x in enumerate(xs):
+                w.writerow([k + "_trained", i, x])
     return lines
 
 
@@ -378,7 +428,8 @@ def main():
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--frames", type=int, default=10_000_000)
-    p.add_argument("--with_sample_factory", action="store_true")
+    p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
+    p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
     p.add_argument("--base_port", type=int, default=19100)
     p.add_argument("--out", default=None, help="default bench/results/<machine>/")
     a = p.parse_args()

@@ -9,8 +9,9 @@ RLlib's `wrap_atari_for_new_api_stack` (gray, resize, frame skip 4 with max-pool
 30, episodic life, FIRE reset, time limit), the 4-frame stack as its env-to-module and
 learner connectors, rewards clipped, vf_loss_coeff 1.0, entropy 0.01, circular buffer of 4
 batches x 2 iterations, lr 5e-4. On the CPU with a local learner (num_learners=0: updates
-run in the driver process while the EnvRunner actors sample asynchronously) and no
-aggregator actors (each would be one more process on 2 cores).
+run in the driver process while the EnvRunner actors sample asynchronously), 2 EnvRunners
+(one per core) and no aggregator actors (the example asks for 2; each would be one more
+process on 2 cores).
 
 throughput: 84x84 frames (ours; the tuned example uses 64x64) and our conv sizes:
   conv_filters [[16, 8, 4, "valid"], [32, 4, 2, "valid"]] is exactly our torso; RLlib's
@@ -220,7 +221,7 @@ def main():
     p.add_argument("--warmup", type=float, default=20)
     p.add_argument("--start_limit", type=float, default=180)
     p.add_argument("--hard_limit", type=float, default=0, help="0: start_limit + warmup + seconds + 60")
-    p.add_argument("--env_runners", type=int, default=None, help="default 2 (throughput), 1 (pong)")
+    p.add_argument("--env_runners", type=int, default=None, help="default 2: one per core")
     p.add_argument("--envs_per_runner", type=int, default=None, help="default 16 (throughput), 2 (pong)")
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 2,
                    help="ray's CPU count (each EnvRunner asks for 1; the local learner for none)")
@@ -232,7 +233,7 @@ def main():
     p.add_argument("--ray_tmp", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.env_runners is None:
-        a.env_runners = 2 if a.suite == "throughput" else 1
+        a.env_runners = 2
     if a.envs_per_runner is None:
         a.envs_per_runner = 16 if a.suite == "throughput" else 2
     if a._child:

@@ -184,8 +184,10 @@ def suite_throughput(a, out):
     level = "PongNoFrameskip-v4"
     notes = []
     peer_error = ensure_peer("sb3")
-    sf_error = ensure_peer("sf") if not a.no_sample_factory else "not run (--no_sample_factory)"
-    rllib_error = ensure_peer("rllib") if not a.no_rllib else "not run (--no_rllib)"
+    # Sample Factory and RLlib: a reason to skip them (install failed, opted out), and the runs that failed
+    skip = {"sf": ensure_peer("sf") if not a.no_sample_factory else "not run (--no_sample_factory)",
+            "rllib": ensure_peer("rllib") if not a.no_rllib else "not run (--no_rllib)"}
+    failed = {"sf": [], "rllib": []}
     res = {"ceiling": [], "impala": [], "sb3_2": [], "sb3_16": [], "sf": [], "rllib": []}
     trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
     peer_info = {}
@@ -200,15 +202,11 @@ def suite_throughput(a, out):
             res["sb3_16"].append(sb3(["throughput", "--n_envs=16", "--seconds=%g" % a.seconds],
                                      a.seconds + 300)["frames_per_s"])
         for key, run in (("sf", sample_factory), ("rllib", rllib_appo)):
-            if (sf_error if key == "sf" else rllib_error) is not None:
+            if skip[key] is not None:
                 continue
             got = run(a.seconds)
             if "error" in got:
-                msg = "installed, but its run failed: " + got["error"]
-                if key == "sf":
-                    sf_error = msg
-                else:
-                    rllib_error = msg
+                failed[key].append(got["error"])
             else:
                 res[key].append(got["frames_per_s"])
                 trained[key].append(got["trained_frames_per_s"])
@@ -233,16 +231,18 @@ def suite_throughput(a, out):
         notes.append("Sample Factory: its learner trained on %s frames/s (env frames/s in the row). V-trace is "
                      "off: in 2.1.1 it crashes the learner's first iteration (bench/peers/sf_appo.py)."
                      % spread(trained["sf"]))
-    if sf_error:
-        notes.append("Sample Factory APPO: %s." % sf_error)
+    for key, name in (("sf", "Sample Factory APPO"), ("rllib", "RLlib APPO")):
+        if skip[key] is not None:
+            notes.append("%s: %s." % (name, skip[key]))
+        elif failed[key]:
+            notes.append("%s: installed, but %d of %d run(s) failed; the last: %s." % (
+                name, len(failed[key]), a.repeats, failed[key][-1]))
     if res["rllib"]:
         rows.append(("RLlib %s APPO (new API stack), local learner, 2 EnvRunners x 16 envs, batch 1024, its "
                      "Atari wrappers, our convs + FC 256 in each of its 2 heads" % peer_info["rllib"].get("ray", ""),
                      res["rllib"], "ours / this = **%.2f**" % (med["impala"] / med["rllib"])))
         notes.append("RLlib: its learner trained on %s frames/s (env frames/s sampled in the row; RLlib drops "
                      "batches its learner has no room for)." % spread(trained["rllib"]))
-    if rllib_error:
-        notes.append("RLlib APPO: %s." % rllib_error)
     if res["sf"] or res["rllib"]:
         notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
                      "with max-pool, 4-frame stack, noop reset: the same observations), not envs.py; frames = 4 x "

@@ -253,7 +253,8 @@ def pong(a):
            "wall_s": wall, "stopped_by": how, "net": NET_ATARI,
            "config": "SF's tuned Atari settings (sf_examples/atari/atari_params.py), CPU, 2 workers x %d envs"
                      % a.envs_per_worker,
-           "notes": "return = SF's 'Avg episode reward' (mean of its last 100 whole-game episodes); "
+           "notes": "return = SF's 'Avg episode reward' (mean of its last 100 whole-game episodes, as its "
+                    "sampler summed them: each env's first one is partial, begun during start-up decorrelation); "
                     "training seconds from the learner's first finished iteration"}
     out.update(versions())
     print(json.dumps(out), flush=True)

@@ -242,7 +242,8 @@ def suite_throughput(a, out):
                      "Atari wrappers, our convs + FC 256 in each of its 2 heads" % peer_info["rllib"].get("ray", ""),
                      res["rllib"], "ours / this = **%.2f**" % (med["impala"] / med["rllib"])))
         notes.append("RLlib: its learner trained on %s frames/s (env frames/s sampled in the row; RLlib drops "
-                     "batches its learner has no room for)." % spread(trained["rllib"]))
+                     "batches its learner has no room for and counts a batch again each time its circular buffer "
+                     "reuses it, up to 2 times)." % spread(trained["rllib"]))
     if res["sf"] or res["rllib"]:
         notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
                      "with max-pool, 4-frame stack, noop reset: the same observations), not envs.py; frames = 4 x "

@@ -23,8 +23,9 @@ throughput: 84x84 frames (ours; the tuned example uses 64x64) and our conv sizes
   the learner trained:
     frames_per_s          4 x delta(num_env_steps_sampled_lifetime) / delta(wall time)
     trained_frames_per_s  4 x delta(num_env_steps_trained_lifetime) / delta(wall time)
-  They differ: the EnvRunners keep sampling while the learner is busy, and batches that
-  find the learner's queue full are dropped. RLlib counts steps of the wrapped env, each
+  They differ: the EnvRunners keep sampling while the learner is busy, batches that find
+  the learner's queue full are dropped, and APPO's circular buffer lets the learner update
+  on a batch up to 2 times (circular_buffer_iterations_per_batch), each counted as trained. RLlib counts steps of the wrapped env, each
   4 ALE frames (MaxAndSkipEnv), hence 4 x.
 pong: the tuned example's settings as they are (64x64, conv [16,4,2],[32,4,2],[64,4,2],
   [128,4,2] + head 256, 2 envs per runner, batch 500, entropy 0.01 -> 0 over 3M steps,
@@ -40,6 +41,7 @@ fails prints {"error": ...} with what was tried.
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -86,8 +88,8 @@ def build(a):
         .env_runners(num_env_runners=a.env_runners, num_envs_per_env_runner=a.envs_per_runner,
                      env_to_module_connector=env_to_module, num_cpus_per_env_runner=1,
                      **({} if tuned else {"rollout_fragment_length": 32}))
-        .learners(num_learners=0, num_aggregator_actors_per_learner=0)
-        .training(learner_connector=learner_connector, vf_loss_coeff=1.0,
+        .learners(num_learners=0, num_aggregator_actors_per_learner=0, learner_connector=learner_connector)
+        .training(vf_loss_coeff=1.0,
                   lr=0.0005, target_network_update_freq=2, circular_buffer_num_batches=4,
                   circular_buffer_iterations_per_batch=2,
                   **(dict(train_batch_size_per_learner=500, entropy_coeff=[[0, 0.01], [3000000, 0.0]],
@@ -246,10 +248,13 @@ def main():
     base = {"peer": "rllib_appo", "suite": a.suite}
     if res is None or (a.suite == "throughput" and res.get("first") is None):
         print(stderr[-4000:], file=sys.stderr)
-        err = [ln for ln in stderr.splitlines() if "Error" in ln or "error" in ln]
-        base["error"] = "%s after %.0f s (exit %s, %s; tried: %s): %s" % (
+        lines = stderr.splitlines()
+        err = [ln.strip() for ln in lines if re.match(r"\w*(Error|Exception|Interrupt)\b", ln.strip())]
+        progress = [ln for ln in lines if ln.startswith("[rllib_appo]")]
+        base["error"] = "%s after %.0f s (exit %s, %s; tried: %s): %s%s" % (
             "no result" if res is None else "the learner trained on nothing", wall, rc, stopped, what,
-            (err[-1] if err else stderr.strip()[-300:]))
+            err[-1][:300] if err else stderr.strip()[-300:],
+            "; last progress: " + progress[-1] if progress else "; no training iteration finished")
         print(json.dumps(base), flush=True)
         return 1
     rows, first = res["rows"], res["first"]
@@ -266,8 +271,8 @@ def main():
                     trained_frames_per_s=4 * (tr2 - tr1) / (t2 - t1), window_s=t2 - t1, warmup_s=a.warmup,
                     sampled_steps=s2, trained_steps=tr2, net=NET_OURS, config=what,
                     notes="RLlib's Atari wrappers (wrap_atari_for_new_api_stack, 84x84 gray, frame skip 4, "
-                          "stack 4 in its connectors); frames = 4 x env steps; sampled and trained differ when "
-                          "the learner falls behind (RLlib drops batches)")
+                          "stack 4 in its connectors); frames = 4 x env steps; trained counts every update on a "
+                          "batch (its circular buffer reuses a batch up to 2 times) and misses dropped batches")
     else:
         hit = res.get("hit")
         base.update(target=a.target, reached=hit is not None, seed=a.seed,

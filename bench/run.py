@@ -1,13 +1,13 @@
 """The benchmark harness: one command per suite, results under bench/results/<machine>/.
 
-  .venv/bin/python bench/run.py throughput      # Pong frames/s: ours vs SB3 PPO vs the raw env ceiling
+  .venv/bin/python bench/run.py throughput      # Pong frames/s: ours vs SB3 PPO, Sample Factory and RLlib APPO, ceiling
   .venv/bin/python bench/run.py cartpole        # wall-clock to CartPole-v1 475: ours vs SB3 PPO, 3 seeds
   .venv/bin/python bench/run.py scaling         # frames/s vs actor count; learner samples/s vs Horovod ranks
   .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
-package registry (Stable-Baselines3 with torch 2.13.0 CPU; Sample Factory if it
-installs -- the results say when it does not). Every suite writes <suite>.md (a table),
+package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
+2.13.0 CPU; a peer that fails to install or run gets a note with its error, never a blank). Every suite writes <suite>.md (a table),
 <suite>.csv and, where there is a curve, <suite>.png, plus machine.json (cores, CPU
 model, GPU, exact versions). Comparisons are ratios of figures measured in the same
 invocation; with --repeats > 1 the runs of the contenders are interleaved and the table

@@ -136,7 +136,8 @@ def child(a):
                   file=sys.stderr, flush=True)
             first = next((t for t, _, tr, _ in rows if tr > 0), None)
             if a.suite == "throughput":
-                if first is not None and now >= first + a.warmup + a.seconds:
+                window = [r for r in rows if first is not None and r[0] >= first + a.warmup]
+                if len(window) >= 2 and window[-1][0] - window[0][0] >= a.seconds - 0.5:
                     break
             else:
                 ret = rows[-1][3]

@@ -187,8 +187,13 @@ def throughput(a):
             if first is None and now - t0 > a.start_limit:
                 why = "its learner finished no training iteration within %.0f s of launch" % a.start_limit
                 break
-            if first is not None and now >= first + a.warmup + a.seconds + 1:
-                break
+            if first is not None:  # stop once the reports (every 5 s) after the warm-up span the window
+                window = [r for r in child.reports if r[0] >= first + a.warmup]
+                if len(window) >= 2 and window[-1][0] - window[0][0] >= a.seconds - 0.5:
+                    break
+                if now > first + a.warmup + a.seconds + 60:
+                    why = "its progress reports stopped"
+                    break
     finally:
         how = child.stop()
         wall = time.time() - t0

@@ -7,9 +7,9 @@
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
 package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
-2.13.0 CPU; a peer that fails to install or run gets a note with its error, never a blank). Every suite writes <suite>.md (a table),
-<suite>.csv and, where there is a curve, <suite>.png, plus machine.json (cores, CPU
-model, GPU, exact versions). Comparisons are ratios of figures measured in the same
+2.13.0 CPU; a peer that fails to install or run gets a note with its error, never a blank).
+Every suite writes <suite>.md (a table), <suite>.csv and, where there is a curve,
+<suite>.png, plus machine.json (cores, CPU model, GPU, exact versions). Comparisons are ratios of figures measured in the same
 invocation; with --repeats > 1 the runs of the contenders are interleaved and the table
 gives medians and min-max.
 """

@@ -1,15 +1,15 @@
 """The benchmark harness: one command per suite, results under bench/results/<machine>/.
 
-  .venv/bin/python bench/run.py throughput      # Pong frames/s: ours vs SB3 PPO vs the raw env ceiling
+  .venv/bin/python bench/run.py throughput      # Pong frames/s: ours vs SB3 PPO, Sample Factory and RLlib APPO, ceiling
   .venv/bin/python bench/run.py cartpole        # wall-clock to CartPole-v1 475: ours vs SB3 PPO, 3 seeds
   .venv/bin/python bench/run.py scaling         # frames/s vs actor count; learner samples/s vs Horovod ranks
   .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
-package registry (Stable-Baselines3 with torch 2.13.0 CPU; Sample Factory if it
-installs -- the results say when it does not). Every suite writes <suite>.md (a table),
-<suite>.csv and, where there is a curve, <suite>.png, plus machine.json (cores, CPU
-model, GPU, exact versions). Comparisons are ratios of figures measured in the same
+package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
+2.13.0 CPU; a peer that fails to install or run gets a note with its error, never a blank).
+Every suite writes <suite>.md (a table), <suite>.csv and, where there is a curve,
+<suite>.png, plus machine.json (cores, CPU model, GPU, exact versions). Comparisons are ratios of figures measured in the same
 invocation; with --repeats > 1 the runs of the contenders are interleaved and the table
 gives medians and min-max.
 """
@@ -34,6 +34,7 @@ from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
 SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
+RLLIB_PY = os.path.join(ROOT, ".peer-venv-rllib", "bin", "python")
 
 
 # ------------------------------------------------------------------ machine
@@ -68,7 +69,7 @@ def versions(py):
     code = ("import importlib.metadata as m, json, sys; names=%r; out={'python': sys.version.split()[0]}\n"
             "for n in names:\n  try: out[n]=m.version(n)\n  except Exception: pass\nprint(json.dumps(out))"
             % (["tensorflow-cpu", "tensorflow", "horovod", "dm-sonnet", "gymnasium", "ale-py", "mujoco",
-                "numpy", "torch", "stable-baselines3", "sample-factory"],))
+                "numpy", "torch", "stable-baselines3", "sample-factory", "ray"],))
     try:
         return json.loads(subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=60).stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired):
@@ -80,6 +81,9 @@ def write_machine(out):
             "ours": versions(sys.executable), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if os.path.exists(SB3_PY):
         info["sb3_peer"] = versions(SB3_PY)
+    for key, py in (("sf_peer", SF_PY), ("rllib_peer", RLLIB_PY)):
+        if os.path.exists(py):
+            info[key] = versions(py)
     with open(os.path.join(out, "machine.json"), "w") as f:
         json.dump(info, f, indent=2)
     return info
@@ -141,12 +145,29 @@ def sb3(args, timeout):
     return out
 
 
-def sample_factory(seconds):
-    """Sample Factory's APPO frames/s (bench/peers/sf_appo.py in its own venv), or {"error": ...}."""
-    proc, out = run_peer(SF_PY, "sf_appo.py", ["--seconds=%g" % (seconds + 20)], seconds + 900)
+def _peer_or_error(py, script, args, timeout):
+    """A peer's JSON line ({"error": ...} included); the peer scripts bound and clean up their own
+    runs (SIGINT, then SIGKILL of their process groups), `timeout` is only the backstop."""
+    try:
+        proc, out = run_peer(py, script, args, timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "%s did not return within %.0f s" % (script, timeout)}
     if out is None:
         return {"error": "exit %d: %s" % (proc.returncode, proc.stderr.strip()[-300:])}
     return out
+
+
+def sample_factory(seconds):
+    """Sample Factory 2.1.1 APPO (bench/peers/sf_appo.py in .peer-venv-sf): env frames/s over `seconds`
+    after 20 s of training, trained frames/s, or {"error": ...}."""
+    return _peer_or_error(SF_PY, "sf_appo.py", ["throughput", "--seconds=%g" % seconds, "--warmup=20"],
+                          seconds + 600)
+
+
+def rllib_appo(seconds):
+    """RLlib APPO (bench/peers/rllib_appo.py in .peer-venv-rllib), the same measures, or {"error": ...}."""
+    return _peer_or_error(RLLIB_PY, "rllib_appo.py", ["throughput", "--seconds=%g" % seconds, "--warmup=20"],
+                          seconds + 600)
 
 
 def spread(xs):
@@ -166,9 +187,14 @@ def suite_throughput(a, out):
     level = "PongNoFrameskip-v4"
     notes = []
     peer_error = ensure_peer("sb3")
-    sf_error = ensure_peer("sf") if a.with_sample_factory else "not attempted (pass --with_sample_factory)"
-    res = {"ceiling_python": [], "ceiling_native": [], "impala": [], "impala_python": [], "sb3_2": [], "sb3_16": [],
-           "sf": []}
+    # Sample Factory and RLlib: a reason to skip them (install failed, opted out), and the runs that failed
+    skip = {"sf": ensure_peer("sf") if not a.no_sample_factory else "not run (--no_sample_factory)",
+            "rllib": ensure_peer("rllib") if not a.no_rllib else "not run (--no_rllib)"}
+    failed = {"sf": [], "rllib": []}
+    trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
+    peer_info = {}
+    res = {"ceiling_python": [], "ceiling_native": [], "impala": [], "impala_python": [], "sb3_2": [],
+           "sb3_16": [], "sf": [], "rllib": []}
     bottleneck = {}
     cores = os.cpu_count()
     for rep in range(a.repeats):
@@ -185,12 +211,16 @@ def suite_throughput(a, out):
                                     a.seconds + 300)["frames_per_s"])
             res["sb3_16"].append(sb3(["throughput", "--n_envs=16", "--seconds=%g" % a.seconds],
                                      a.seconds + 300)["frames_per_s"])
-        if sf_error is None:
-            got = sample_factory(a.seconds)
+        for key, run in (("sf", sample_factory), ("rllib", rllib_appo)):
+            if skip[key] is not None:
+                continue
+            got = run(a.seconds)
             if "error" in got:
-                sf_error = "installed, but its run failed: " + got["error"]
+                failed[key].append(got["error"])
             else:
-                res["sf"].append(got["frames_per_s"])
+                res[key].append(got["frames_per_s"])
+                trained[key].append(got["trained_frames_per_s"])
+                peer_info[key] = got
         print("repeat %d: %s" % (rep + 1, {k: round(v[-1]) for k, v in res.items() if v}), flush=True)
     med = {k: statistics.median(v) for k, v in res.items() if v}
     limit = max(med["ceiling_python"], med["ceiling_native"])
@@ -212,11 +242,30 @@ def suite_throughput(a, out):
     else:
         notes.append("SB3 PPO: %s" % peer_error)
     if res["sf"]:
-        rows.append(("Sample Factory 2 APPO (async, V-trace), 2 workers x 32 envs, its own Atari wrappers and "
-                     "its smallest net (conv 32-64-128 + FC 512: larger than ours)", res["sf"],
-                     "ours / this = **%.2f**" % (med["impala"] / med["sf"])))
-    else:
-        notes.append("Sample Factory APPO: %s." % sf_error)
+        rows.append(("Sample Factory %s APPO (async, PPO clip + GAE), 2 workers x 32 envs, batch 1024, its Atari "
+                     "wrappers, our net (its convnet_impala + FC 256)" % peer_info["sf"].get("sample_factory", ""),
+                     res["sf"], "ours / this = **%.2f**" % (med["impala"] / med["sf"])))
+        notes.append("Sample Factory: its learner trained on %s frames/s (env frames/s in the row). V-trace is "
+                     "off: in 2.1.1 it crashes the learner's first iteration (bench/peers/sf_appo.py)."
+                     % spread(trained["sf"]))
+    for key, name in (("sf", "Sample Factory APPO"), ("rllib", "RLlib APPO")):
+        if skip[key] is not None:
+            notes.append("%s: %s." % (name, skip[key]))
+        elif failed[key]:
+            notes.append("%s: installed, but %d of %d run(s) failed; the last: %s." % (
+                name, len(failed[key]), a.repeats, failed[key][-1]))
+    if res["rllib"]:
+        rows.append(("RLlib %s APPO (new API stack), local learner, 2 EnvRunners x 16 envs, batch 1024, its "
+                     "Atari wrappers, our convs + FC 256 in each of its 2 heads" % peer_info["rllib"].get("ray", ""),
+                     res["rllib"], "ours / this = **%.2f**" % (med["impala"] / med["rllib"])))
+        notes.append("RLlib: its learner trained on %s frames/s (env frames/s sampled in the row; RLlib drops "
+                     "batches its learner has no room for and counts a batch again each time its circular buffer "
+                     "reuses it, up to 2 times)." % spread(trained["rllib"]))
+    if res["sf"] or res["rllib"]:
+        notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
+                     "with max-pool, 4-frame stack, noop reset: the same observations), not envs.py; frames = 4 x "
+                     "agent steps for them too.")
+    notes.append(targets_line(med, limit))
     if bottleneck:
         notes.append(where_time_goes(bottleneck))
     lines = ["# Throughput: PongNoFrameskip-v4 end-to-end frames/s (training included), %d cores" % cores,
@@ -234,7 +283,29 @@ def suite_throughput(a, out):
         for k, xs in res.items():
             for i, x in enumerate(xs):
                 w.writerow([k, i, x])
+        for k, xs in trained.items():
+            for i, x in enumerate(xs):
+                w.writerow([k + "_trained", i, x])
     return lines
+
+
+THROUGHPUT_TARGETS = (("the physical limit", None, 0.6), ("Sample Factory APPO", "sf", 1.0),
+                      ("RLlib APPO", "rllib", 2.0), ("SB3 PPO (its faster configuration)", "sb3", 5.0))
+
+
+def targets_line(med, limit):
+    """Each target of the throughput suite, met or not, with the measured ratio."""
+    parts = []
+    for name, key, target in THROUGHPUT_TARGETS:
+        if key is None:
+            ratio = med["impala"] / limit
+        elif key == "sb3":
+            ratio = med["impala"] / max(med["sb3_2"], med["sb3_16"]) if "sb3_2" in med else None
+        else:
+            ratio = med["impala"] / med[key] if key in med else None
+        what = "not measured" if ratio is None else "%.2f: %s" % (ratio, "met" if ratio >= target else "**NOT met**")
+        parts.append("ours / %s >= %.1f: %s" % (name, target, what))
+    return "Targets: " + "; ".join(parts) + "."
 
 
 def where_time_goes(tb):
@@ -403,7 +474,8 @@ def main():
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--frames", type=int, default=10_000_000)
-    p.add_argument("--with_sample_factory", action="store_true")
+    p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
+    p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
     p.add_argument("--base_port", type=int, default=19100)
     p.add_argument("--out", default=None, help="default bench/results/<machine>/")
     a = p.parse_args()

@@ -28,7 +28,8 @@ TAG="${TAG:-latest}"                       # tag of impala-learner and impala-ac
 TF_REQUIREMENT="${TF_REQUIREMENT:-}"
 HOROVOD_WHEEL_DIR="${HOROVOD_WHEEL_DIR:-$HOME/.cache/impala-wheels}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-PY="${PYTHON:-python3.11}"
+PY="${PYTHON:-python3.11}"                 # for pip download: the wheels must fit the image's cp311
+[ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
 log() { echo "[docker/build] $*"; }
 die() { echo "docker/build.sh: error: $*" >&2; exit 1; }
 t0=$SECONDS
@@ -75,17 +76,27 @@ fi
 wh=docker/wheelhouse
 horovod="$(ls "$HOROVOD_WHEEL_DIR"/horovod-0.28.1-cp311-*.whl 2>/dev/null | head -1 || true)"
 [ -n "$horovod" ] || die "no Horovod wheel in $HOROVOD_WHEEL_DIR; run ./install.sh once (it builds and caches it)"
-mkdir -p "$wh"
+mkdir -p "$wh/logs"
+printf 'logs\n' > "$wh/.dockerignore"
 if [ -n "$TF_REQUIREMENT" ]; then
   sed "s|^tensorflow-cpu==.*|$TF_REQUIREMENT|" requirements.txt > "$wh/requirements.txt"
 else
   cp requirements.txt "$wh/requirements.txt"
 fi
 cp -p "$horovod" "$wh/"
-command -v "$PY" >/dev/null || die "$PY not found; the wheels must match the image's Python 3.11"
-log "2/4 wheelhouse: pip download of requirements.txt into $wh"
-"$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$wh" -r "$wh/requirements.txt" \
-  || die "pip download failed: the wheels of requirements.txt must be reachable with this host's pip configuration"
+command -v "$PY" >/dev/null || die "$PY not found; run ./install.sh first (or PYTHON=<a Python 3.11>)"
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || die "$PY is not Python 3.11; the wheels must fit the image's Python 3.11 (set PYTHON=)"
+stamp="$(sha256sum "$wh/requirements.txt" | cut -c1-16)"
+if [ "$(cat "$wh/.complete" 2>/dev/null || true)" = "$stamp" ]; then
+  log "2/4 wheelhouse: $wh is complete for requirements.txt"
+else
+  log "2/4 wheelhouse: pip download of requirements.txt into $wh"
+  "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$wh" -r "$wh/requirements.txt" \
+    >"$wh/logs/pip.log" 2>&1 || { tail -20 "$wh/logs/pip.log" >&2; die "pip download failed (log: $wh/logs/pip.log): the " \
+    "wheels of requirements.txt must be reachable with this host's pip configuration"; }
+  echo "$stamp" > "$wh/.complete"
+fi
 key="$( (echo "$BASE"; cat "$wh/requirements.txt" docker/Dockerfile.deps; basename "$horovod") | sha256sum | cut -c1-16)"
 
 # ---- 3. dependencies image -------------------------------------------------------------------
@@ -94,13 +105,16 @@ if [ "$(docker image inspect -f '{{index .Config.Labels "impala.deps"}}' "$DEPS_
 else
   log "3/4 deps: building $DEPS_TAG (Python, Open MPI, venv from the wheelhouse)"
   cp docker/Dockerfile.deps "$wh/Dockerfile"
-  docker build -q --build-arg "BASE=$BASE" --label "impala.deps=$key" -t "$DEPS_TAG" "$wh" >/dev/null \
-    || die "building $DEPS_TAG failed (run: docker build --build-arg BASE=$BASE $wh)"
+  docker build --build-arg "BASE=$BASE" --label "impala.deps=$key" -t "$DEPS_TAG" "$wh" >"$wh/logs/deps.log" 2>&1 \
+    || { tail -30 "$wh/logs/deps.log" >&2; die "building $DEPS_TAG failed (log: $wh/logs/deps.log)"; }
+  # the build stage that held the wheels is cache only: drop it (the deps image has the venv)
+  docker image prune -f --filter label=impala.stage=wheels >/dev/null
 fi
 
 # ---- 4. learner and actor --------------------------------------------------------------------
 for target in learner actor; do
   log "4/4 $target: impala-$target:$TAG"
-  docker build -q --build-arg "DEPS=$DEPS_TAG" -f docker/Dockerfile --target "$target" -t "impala-$target:$TAG" . >/dev/null
+  docker build --build-arg "DEPS=$DEPS_TAG" -f docker/Dockerfile --target "$target" -t "impala-$target:$TAG" . \
+    >"$wh/logs/$target.log" 2>&1 || { tail -30 "$wh/logs/$target.log" >&2; die "building impala-$target failed (log: $wh/logs/$target.log)"; }
 done
 log "done in $((SECONDS - t0)) s: impala-learner:$TAG, impala-actor:$TAG"

@@ -155,8 +155,39 @@ def main(argv):
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(num_learners),
                "--mca", "btl_vader_single_copy_mechanism", "none"] + cmd
     cmd += hosts + list(argv)
+    if cmd[0] == "mpirun":
+        print("docker/entrypoint.py: run %s" % " ".join(cmd), flush=True)
+        sys.exit(supervise_mpirun(cmd))
     print("docker/entrypoint.py: exec %s" % " ".join(cmd), flush=True)
     os.execvp(cmd[0], cmd)
+
+
+def supervise_mpirun(cmd):
+    """Runs mpirun in its own session and passes a stop signal (SIGINT/SIGTERM, from tini) to the
+    ranks themselves as SIGINT, not to mpirun: mpirun answers a signal by killing its ranks
+    (SIGTERM, then SIGKILL a moment later, which can cut a checkpoint short) and exits 1. The
+    ranks agree to stop, rank 0 writes the checkpoint, and mpirun exits with their status."""
+    import signal
+    import subprocess
+
+    import psutil
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def forward(signum, frame):
+        try:
+            ranks = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for rank in ranks:
+            try:
+                rank.send_signal(signal.SIGINT)
+            except psutil.NoSuchProcess:
+                pass
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    code = proc.wait()
+    return code if code >= 0 else 128 - code
 
 
 if __name__ == "__main__":

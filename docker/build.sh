@@ -46,8 +46,9 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1 && [ "$BASE" = "debian:bookwor
   log "1/4 base: $BASE not available; making it with debootstrap --variant=minbase bookworm"
   root="$(mktemp -d /tmp/impala_rootfs.XXXXXX)"
   trap 'rm -rf "$root"' EXIT
-  debootstrap --variant=minbase bookworm "$root" "$MIRROR" >/tmp/impala_debootstrap.log 2>&1 \
-    || die "debootstrap failed (log: /tmp/impala_debootstrap.log)"
+  mkdir -p docker/wheelhouse/logs
+  debootstrap --variant=minbase bookworm "$root" "$MIRROR" >docker/wheelhouse/logs/debootstrap.log 2>&1 \
+    || die "debootstrap failed (log: docker/wheelhouse/logs/debootstrap.log)"
   # the public image's apt sources (updates and security too), no caches, no docs
   rm -f "$root/etc/apt/sources.list"
   cat > "$root/etc/apt/sources.list.d/debian.sources" <<EOF

@@ -192,7 +192,8 @@ def _forward_policy():
 @pytest.fixture(scope="module")
 def docker_daemon(tmp_path_factory):
     """A Docker daemon and a compose command; installs and starts what is missing, stops what it
-    started. dockerd sets the iptables FORWARD policy to DROP when it starts, which cuts traffic
+    started (and removes the docker0 bridge it made; its iptables chains stay, empty of
+    containers). dockerd sets the iptables FORWARD policy to DROP when it starts, which cuts traffic
     between network namespaces bridged outside Docker: the policy found before is put back at once
     (Docker's own FORWARD rules accept its containers' traffic) and again after dockerd stops."""
     missing = [pkg for pkg, exe in (("docker.io", "dockerd"), ("docker-compose", None), ("debootstrap", "debootstrap"))
@@ -206,7 +207,7 @@ def docker_daemon(tmp_path_factory):
             env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
     compose = _compose_command()
     assert compose, "no `docker compose` and no `docker-compose` after installing docker-compose"
-    daemon, policy = None, None
+    daemon, policy, had_bridge = None, None, os.path.exists("/sys/class/net/docker0")
     if not _docker_answers():
         policy = _forward_policy()
         log = open(tmp_path_factory.mktemp("dockerd") / "dockerd.log", "w")
@@ -235,6 +236,8 @@ def docker_daemon(tmp_path_factory):
             log.close()
             if policy:
                 subprocess.run(["iptables", "-P", "FORWARD", policy], timeout=30)
+            if not had_bridge and os.path.exists("/sys/class/net/docker0"):  # dockerd leaves it behind
+                subprocess.run(["ip", "link", "delete", "docker0"], capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="module")

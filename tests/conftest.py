@@ -1,4 +1,4 @@
-"""Shared pytest set-up: the repo root on sys.path, quiet TF, the `slow` marker."""
+"""Shared pytest set-up: the repo root on sys.path, quiet TF, the `slow` and `docker` markers."""
 import os
 import sys
 
@@ -11,6 +11,8 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long test, run with `-m slow` (CI runs them too when they fit)")
+    config.addinivalue_line("markers", "docker: builds the images and runs the compose cluster in a Docker "
+                                       "daemon (started if none runs), run with `-m docker`")
 
 
 # ---------------------------------------------------------------- leftovers

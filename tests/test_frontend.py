@@ -25,7 +25,6 @@ import uuid
 
 import psutil
 import pytest
-import yaml
 
 import sshd_fixture
 
@@ -497,50 +496,6 @@ def test_ssh_login_failure_is_one_clear_error(run, sshd):
     assert rc == 2, out + err
     assert f"workers.csv:3: root@{sshd.address} port {sshd.port}: SSH login failed" in err, err
     assert_nothing_left(run)
-
-
-# ---------------------------------------------------------------------------
-# docker/
-# ---------------------------------------------------------------------------
-
-def test_docker_compose_commands_use_only_experiment_flags():
-    if not os.path.exists(os.path.join(ROOT, "experiment.py")):
-        pytest.skip("experiment.py is not there yet")
-    # in a child process: the frontend's and experiment.py's absl flags must not meet in this one
-    names = subprocess.run([PY, "-c", "import json, run_experiment_mm_raw as r; "
-                                      "print(json.dumps(sorted(r.experiment_flag_names())))"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert names.returncode == 0, names.stderr
-    known = set(json.loads(names.stdout.splitlines()[-1]))
-    assert {"job_name", "task", "learner_hosts", "actor_hosts", "level_name"} <= known
-    with open(os.path.join(ROOT, "docker", "docker-compose.yml")) as f:
-        compose = yaml.safe_load(f)
-    services = compose["services"]
-    learners = [s for s in services.values() if "--job_name=learner" in s["command"]]
-    actors = [s for s in services.values() if "--job_name=actor" in s["command"]]
-    assert len(learners) == 1 and len(actors) >= 2
-    tasks = []
-    for name, service in services.items():
-        cmd = service["command"]
-        assert isinstance(cmd, list), f"{name}: write the command as a list"
-        script = cmd.index("experiment.py")
-        for arg in cmd[script + 1:]:
-            assert arg.startswith("--"), f"{name}: {arg!r} is not a --flag"
-            flag = arg[2:].split("=", 1)[0]
-            assert flag in known or (flag.startswith("no") and flag[2:] in known), \
-                f"service {name}: experiment.py has no flag --{flag}"
-        if "--job_name=actor" in cmd:
-            tasks.append(int(next(a for a in cmd if a.startswith("--task="))[7:]))
-            hosts = next(a for a in cmd if a.startswith("--actor_hosts="))[14:].split(",")
-            assert hosts[tasks[-1]].split(":")[0] == name, f"{name} is not at --actor_hosts[{tasks[-1]}]"
-        learner_hosts = next(a for a in cmd if a.startswith("--learner_hosts="))[16:].split(",")
-        assert learner_hosts[0].split(":")[0] in services
-        assert service.get("build", {}).get("dockerfile") in ("docker/Dockerfile.learner", "docker/Dockerfile.actor")
-    assert sorted(tasks) == list(range(len(actors)))
-    # learner and actors must agree on the run: the same flags apart from job_name/task
-    shared = [sorted(a for a in s["command"] if not a.startswith(("--job_name=", "--task=")))
-              for s in services.values()]
-    assert all(flags == shared[0] for flags in shared), "services differ in their training flags"
 
 
 # ---------------------------------------------------------------------------

@@ -220,6 +220,7 @@ def test_cartpole_learns_within_a_frame_budget(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     """Pong through ale-py's native vector env (the actors' default for Atari) learns with
     the settings of `bench/run.py pong_long`: the mean return of the last 20 games climbs

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 import netns_fixture
-from test_frontend import FAKE_EXPERIMENT
+from test_frontend import FAKE_EXPERIMENT, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRONTEND = os.path.join(ROOT, "run_experiment_mm_raw.py")
@@ -111,15 +111,6 @@ def cluster3():
     c = _cluster(3)
     yield c
     c.cleanup()
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # ---------------------------------------------------------------------------

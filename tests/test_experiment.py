@@ -224,15 +224,15 @@ def test_cartpole_learns_within_a_frame_budget(tmp_path):
 def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     """Pong through ale-py's native vector env (the actors' default for Atari) learns with
     the settings of `bench/run.py pong_long`: the mean return of the last 20 games climbs
-    from random play (about -20.5) to -18.5 within 3.5M frames (seed 1 went from -20.35 at
-    2.0M frames to -16.75 at 3.0M). A frame budget: a slow machine only takes longer
-    (about 10 minutes at 6K frames/s)."""
+    from random play (about -20.5) to -18.5 within 5M frames (seed 1 passed -18.5 at 2.5M
+    frames, bench/results/2core-amd-epyc/pong_native_seed1.md; the run stops there). A frame
+    budget: a slow machine only takes longer (about 7 minutes at 6K frames/s, 14 at most)."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import run as harness
     a = dict(zip(harness.PONG_LEARNS[0:8:2], harness.PONG_LEARNS[1:8:2]))
     flags = ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--seed=1", "--log_every_s=10",
              "--envs_per_actor=" + a["--envs_per_actor"], "--batch_size=" + a["--batch_size"],
-             "--unroll_length=" + a["--unroll_length"], "--queue_capacity=64", "--total_environment_frames=3500000",
+             "--unroll_length=" + a["--unroll_length"], "--queue_capacity=64", "--total_environment_frames=5000000",
              "--env_backend=native"] + [f.split("=", 1)[1] for f in harness.PONG_LEARNS[8:]]
     logdir = str(tmp_path / "run")
     c = LocalCluster(int(a["--actors"]), _free_base_port(), flags, logdir).start()
@@ -246,4 +246,4 @@ def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
                 break
     finally:
         c.stop()
-    assert best >= -18.5, "best mean-20 return %.2f in 3.5M frames" % best
+    assert best >= -18.5, "best mean-20 return %.2f in 5M frames" % best

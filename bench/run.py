@@ -182,6 +182,21 @@ OURS = (2, 32, [])  # actors, envs per actor, extra flags
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
+# The Sample Factory and RLlib rows: label (with the framework's version), the key of that
+# version in the peer's JSON, and the note on the frames/s its learner trained on.
+PEER_ROWS = {
+    "sf": ("Sample Factory %s APPO (async, PPO clip + GAE), 2 workers x 32 envs, batch 1024, its Atari "
+           "wrappers, our net (its convnet_impala + FC 256)", "sample_factory",
+           "Sample Factory: its learner trained on %s frames/s (env frames/s in the row). V-trace is "
+           "off: in 2.1.1 it crashes the learner's first iteration (bench/peers/sf_appo.py)."),
+    "rllib": ("RLlib %s APPO (new API stack), local learner, 2 EnvRunners x 16 envs, batch 1024, its "
+              "Atari wrappers, our convs + FC 256 in each of its 2 heads", "ray",
+              "RLlib: its learner trained on %s frames/s (env frames/s sampled in the row; RLlib drops "
+              "batches its learner has no room for and counts a batch again each time its circular buffer "
+              "reuses it, up to 2 times)."),
+}
+
+
 def suite_throughput(a, out):
     import ceiling
     level = "PongNoFrameskip-v4"
@@ -241,26 +256,17 @@ def suite_throughput(a, out):
         notes.append("Ours vs the faster SB3 configuration: **%.2f x**." % (med["impala"] / best))
     else:
         notes.append("SB3 PPO: %s" % peer_error)
-    if res["sf"]:
-        rows.append(("Sample Factory %s APPO (async, PPO clip + GAE), 2 workers x 32 envs, batch 1024, its Atari "
-                     "wrappers, our net (its convnet_impala + FC 256)" % peer_info["sf"].get("sample_factory", ""),
-                     res["sf"], "ours / this = **%.2f**" % (med["impala"] / med["sf"])))
-        notes.append("Sample Factory: its learner trained on %s frames/s (env frames/s in the row). V-trace is "
-                     "off: in 2.1.1 it crashes the learner's first iteration (bench/peers/sf_appo.py)."
-                     % spread(trained["sf"]))
     for key, name in (("sf", "Sample Factory APPO"), ("rllib", "RLlib APPO")):
+        label, version, trained_note = PEER_ROWS[key]
+        if res[key]:
+            rows.append((label % peer_info[key].get(version, ""), res[key],
+                         "ours / this = **%.2f**" % (med["impala"] / med[key])))
+            notes.append(trained_note % spread(trained[key]))
         if skip[key] is not None:
             notes.append("%s: %s." % (name, skip[key]))
         elif failed[key]:
             notes.append("%s: installed, but %d of %d run(s) failed; the last: %s." % (
                 name, len(failed[key]), a.repeats, failed[key][-1]))
-    if res["rllib"]:
-        rows.append(("RLlib %s APPO (new API stack), local learner, 2 EnvRunners x 16 envs, batch 1024, its "
-                     "Atari wrappers, our convs + FC 256 in each of its 2 heads" % peer_info["rllib"].get("ray", ""),
-                     res["rllib"], "ours / this = **%.2f**" % (med["impala"] / med["rllib"])))
-        notes.append("RLlib: its learner trained on %s frames/s (env frames/s sampled in the row; RLlib drops "
-                     "batches its learner has no room for and counts a batch again each time its circular buffer "
-                     "reuses it, up to 2 times)." % spread(trained["rllib"]))
     if res["sf"] or res["rllib"]:
         notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
                      "with max-pool, 4-frame stack, noop reset: the same observations), not envs.py; frames = 4 x "

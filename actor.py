@@ -27,8 +27,9 @@ def screen(flags):
     return (flags.width, flags.height)
 
 
-def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_SIZE):
-    """The agent with its variables built, plus the unroll layout both sides share."""
+def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_SIZE, compute_dtype="float32"):
+    """The agent with its (float32) variables built, its torso then computing in
+    `compute_dtype` (--compute_dtype), plus the unroll layout both sides share."""
     spec = envs.env_spec(level_name, screen_size)
     if not spec.discrete:
         raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
@@ -37,6 +38,7 @@ def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_S
     obs = tf.zeros((1,) + tuple(spec.obs_shape), tf.as_dtype(spec.obs_dtype))
     state = agent.initial_state(1)
     agent(obs, tf.ones([1], tf.bool), state)  # creates the variables
+    agent.compute_dtype = tf.as_dtype(compute_dtype)
     core_shapes = [tuple(s.shape[1:]) for s in tf.nest.flatten(state)]
     variables = agent.trainable_variables
     size = sum(int(np.prod(v.shape)) for v in variables)
@@ -304,7 +306,7 @@ def run(flags, task, log=print):
         tf.config.threading.set_inter_op_parallelism_threads(flags.actor_threads)
     stopper = Stopper()
     tf.random.set_seed(flags.seed * 7919 + task)
-    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags))
+    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype)
     variables = agent.trainable_variables
     set_weights = make_weight_setter(variables)
     step = tf.function(lambda o, f, s: agent(o, f, s))
@@ -393,7 +395,8 @@ def run_evaluator(flags, logdir, log=print):
     policy, no exploration noise), recording evaluation returns apart from the
     training returns: <logdir>/eval.csv and TensorBoard scalars eval/*."""
     stopper = Stopper()
-    agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length, screen(flags))
+    agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length, screen(flags),
+                              flags.compute_dtype)
     set_weights = make_weight_setter(agent.trainable_variables)
 
     @tf.function

@@ -60,9 +60,13 @@ flags.DEFINE_integer("env_groups", 0, "Groups the actor's envs are split into: w
                      "groups cannot overlap.")
 flags.DEFINE_integer("actor_threads", 1, "TensorFlow threads per actor process for inference "
                      "(intra- and inter-op); 0 = TensorFlow's default (all cores).")
+flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Precision of the agent's torso "
+                  "(convs and their FC) in the learner and the actors; variables, optimizer, LSTM, heads and "
+                  "losses stay float32. bfloat16 pays on CPUs with AVX512_BF16 or AMX and on GPUs "
+                  "(bench/results/<machine>/compute_dtype.md); elsewhere it is slower.")
 flags.DEFINE_bool("onednn", True, "TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS), "
                   "which TensorFlow turns on by itself only on CPUs with AVX-512 and the like; the Pong "
-                  "learner update ran 2.1x faster with them on a 2-core AMD EPYC (bench/onednn.py).")
+                  "learner update ran 2.1x faster with them on a 2-core AMD EPYC (bench/kernels.py onednn).")
 flags.DEFINE_integer("total_environment_frames", int(1e9), "Frames to train for.")
 flags.DEFINE_integer("batch_size", 32, "Unrolls per learner update (per rank).")
 flags.DEFINE_integer("unroll_length", 100, "Agent steps per unroll.")
@@ -124,7 +128,7 @@ RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name"
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
-             "vtrace_lambda", "normalize_advantages", "weight_init"]
+             "vtrace_lambda", "normalize_advantages", "weight_init", "compute_dtype"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 

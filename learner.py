@@ -155,7 +155,7 @@ class Learner:
         self.is_chief = rank == 0
         tf.random.set_seed(flags.seed * 7919 + 100000 + rank)
         self.agent, self.spec, self.env_spec = actor_lib.build_agent(
-            flags.level_name, flags.agent_name, flags.unroll_length, actor_lib.screen(flags))
+            flags.level_name, flags.agent_name, flags.unroll_length, actor_lib.screen(flags), flags.compute_dtype)
         self.variables = self.agent.trainable_variables
         if flags.weight_init == "orthogonal":  # before anything is published: actors get these too
             nets.orthogonal_init(self.agent, seed=flags.seed)

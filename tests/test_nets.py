@@ -121,6 +121,45 @@ def test_gradients_reach_every_variable(name):
         assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient for {var.name}"
 
 
+@pytest.mark.parametrize("name", ["SimpleConvNetAgent", "ResNetLSTMAgent", "MLPAgent"])
+def test_bfloat16_torso_keeps_float32_variables_and_outputs_close_to_float32(name):
+    """--compute_dtype=bfloat16: same variables (float32, so checkpoints and published weights
+    do not change), outputs and gradients within bfloat16's ~3 significant digits of float32's."""
+    agent = nets.make_agent(name, NUM_ACTIONS)
+    T, B = 3, 4
+    obs = observations(name, (T, B))
+    first = np.zeros((T, B), bool)
+    state = agent.initial_state(B)
+
+    def run():
+        with tf.GradientTape() as tape:
+            outs, _ = agent.unroll(obs, first, state)
+            loss = tf.reduce_sum(outs.policy_logits ** 2) + tf.reduce_sum(outs.baseline ** 2)
+        return outs, tape.gradient(loss, agent.trainable_variables)
+
+    ref, ref_grads = run()
+    names = [v.name for v in agent.trainable_variables]
+    agent.compute_dtype = tf.bfloat16
+    low, grads = run()
+    assert [v.name for v in agent.trainable_variables] == names
+    assert all(v.dtype == tf.float32 for v in agent.trainable_variables)
+    assert low.policy_logits.dtype == tf.float32 and low.baseline.dtype == tf.float32
+    scale = float(tf.reduce_max(tf.abs(ref.policy_logits))) + 1e-6
+    err = float(tf.reduce_max(tf.abs(low.policy_logits - ref.policy_logits)))
+    assert 0 < err < 0.05 * scale  # it did run in bfloat16, and close to float32
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == tf.float32
+        cos = float(tf.reduce_sum(g * r) / (tf.norm(g) * tf.norm(r) + 1e-12))
+        assert cos > 0.98
+
+
+def test_a_bfloat16_agent_builds_its_variables_in_float32():
+    agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
+    agent.compute_dtype = tf.bfloat16  # before the first call
+    agent(observations("SimpleConvNetAgent", (2,)), np.zeros(2, bool), ())
+    assert agent.trainable_variables and all(v.dtype == tf.float32 for v in agent.trainable_variables)
+
+
 @pytest.mark.parametrize("size,kernel,stride", [(84, 8, 4), (42, 4, 2)])
 def test_simple_conv_fits_its_first_conv_to_the_frame_size(size, kernel, stride):
     """8x8/4 on 84x84 frames, 4x4/2 on 42x42: the same 9x9 map after the second conv."""

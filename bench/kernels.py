@@ -1,0 +1,153 @@
+"""Kernel-level levers, one setting against another: learner update and actor step times.
+
+  .venv/bin/python bench/kernels.py onednn --rounds 2
+  .venv/bin/python bench/kernels.py compute_dtype --rounds 3
+
+Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
+TensorFlow reads once at import) and `compute_dtype` (--compute_dtype=float32/bfloat16, the
+agent's torso). Each setting runs in its own process; the settings alternate for --rounds
+rounds and the table gives, per workload, the median time of each and the ratio of the
+first setting's time to the second's measured in this invocation (> 1: the second is faster).
+The learner update runs with TensorFlow's default threads (all cores), as the learner does;
+the actor step in a process of its own with 1 thread, as actors run (--actor_threads=1).
+Workloads: Pong at 84x84 (SimpleConvNetAgent, batch 32 x unroll 20, RMSProp, 1 pass; actor
+step with 32 envs), Pong's learning settings at 42x42 (bench/run.py PONG_LEARNS: batch 32 x
+unroll 32, Adam, 4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32
+envs), and CartPole (MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs).
+Writes bench/results/<machine>/<lever>.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+WORKLOADS = {
+    "pong": ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--batch_size=32",
+             "--unroll_length=20", "--envs_per_actor=32"],
+    "pong42": ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--batch_size=32",
+               "--unroll_length=32", "--envs_per_actor=32", "--width=42", "--height=42", "--optimizer=adam",
+               "--num_sgd_iter=4", "--num_minibatches=4", "--clip_param=0.1", "--clip_ratio_to=batch_start",
+               "--normalize_advantages", "--vtrace_lambda=0.95"],
+    "cartpole": ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=16",
+                 "--envs_per_actor=16", "--optimizer=adam", "--num_sgd_iter=8", "--clip_param=0.2"],
+}
+# lever -> its two settings: (label, environment, experiment.py flags)
+LEVERS = {
+    "onednn": [("oneDNN off", {"TF_ENABLE_ONEDNN_OPTS": "0"}, []),
+               ("oneDNN on", {"TF_ENABLE_ONEDNN_OPTS": "1"}, [])],
+    "compute_dtype": [("float32", {}, ["--compute_dtype=float32"]),
+                      ("bfloat16", {}, ["--compute_dtype=bfloat16"])],
+}
+PARTS = {"update_s": "learner update", "step_s": "actor step"}
+
+
+def timed(fn, n, reps):
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        ts.append((time.perf_counter() - t) / n)
+    return statistics.median(ts)
+
+
+def measure(part, argv, reps):
+    """In this process (the setting as the environment and argv say): seconds per update
+    (part update_s) or per actor step (part step_s, 1 TensorFlow thread)."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import tensorflow as tf
+    if part == "step_s":
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    from absl import flags
+    import experiment  # noqa: F401  (defines the flags)
+    import learner as learner_lib
+    fl = flags.FLAGS
+    fl(["kernels"] + argv)
+    lrn = learner_lib.Learner(fl, os.path.join("/tmp", "kernels_bench_%d" % os.getpid()), 0, 1)
+    rng = np.random.default_rng(0)
+    batch = lrn.zero_batch()
+    obs = batch["observation"]
+    batch["observation"] = (rng.integers(0, 255, obs.shape) if obs.dtype == np.uint8
+                            else rng.standard_normal(obs.shape)).astype(obs.dtype)
+    batch["action"] = rng.integers(0, lrn.env_spec.num_actions, batch["action"].shape).astype(batch["action"].dtype)
+    batch = {k: tf.constant(v) for k, v in batch.items()}
+    if part == "update_s":
+        frames = tf.constant(1, tf.int64)
+        lrn._train_step(batch, frames)  # trace
+        return timed(lambda: lrn._train_step(batch, frames)["grad_norm"].numpy(), 5, reps)
+    E = fl.envs_per_actor
+    step = tf.function(lambda o, f, s: lrn.agent(o, f, s))
+    o = tf.constant(batch["observation"][0, :E])
+    first = tf.zeros([E], tf.bool)
+    state = lrn.agent.initial_state(E)
+    step(o, first, state)
+    return timed(lambda: step(o, first, state)[0].action.numpy(), 50, reps)
+
+
+def run_child(lever, setting, workload, part, reps):
+    label, env, argv = setting
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    proc = subprocess.run([sys.executable, __file__, lever, "--child", part, "--reps", str(reps)]
+                          + WORKLOADS[workload] + argv, env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit("bench/kernels.py: %s %s (%s) failed:\n%s" % (workload, part, label, proc.stderr[-2000:]))
+    return json.loads(lines[-1])[part]
+
+
+def table(lever, res, rounds, info):
+    (a, _, _), (b, _, _) = LEVERS[lever]
+    lines = ["# %s: %s against %s, %d cores, %s" % (lever, a, b, info["cores"], info["cpu"]), "",
+             "Median of %d round(s), each setting and figure in its own process, alternating; the learner "
+             "update with all cores, the actor step with 1 thread." % rounds, "",
+             "| workload | %s | %s | %s / %s (> 1: %s is faster) |" % (a, b, a, b, b), "|---|---|---|---|"]
+    for w in WORKLOADS:
+        for part, label in PARTS.items():
+            x, y = (statistics.median(res[(w, part, s)]) for s in (a, b))
+            lines.append("| %s %s | %.2f ms | %.2f ms | **%.2f** |" % (w, label, 1e3 * x, 1e3 * y, x / y))
+    return lines
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("lever", choices=sorted(LEVERS))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a, argv = p.parse_known_args()  # the child's experiment.py flags
+    if a.child:
+        print(json.dumps({a.child: measure(a.child, argv, a.reps)}), flush=True)
+        return 0
+    sys.path.insert(0, HERE)
+    import run as harness
+    res = {}
+    for r in range(a.rounds):
+        for w in WORKLOADS:
+            for part in PARTS:
+                for setting in LEVERS[a.lever]:
+                    t = run_child(a.lever, setting, w, part, a.reps)
+                    res.setdefault((w, part, setting[0]), []).append(t)
+                    print("round %d %s %s %s: %.2f ms" % (r + 1, w, part, setting[0], 1e3 * t), flush=True)
+    out = harness.machine_dir()
+    os.makedirs(out, exist_ok=True)
+    info = harness.write_machine(out)
+    lines = table(a.lever, res, a.rounds, info) + [
+        "", "Command: `.venv/bin/python bench/kernels.py %s --rounds %d`" % (a.lever, a.rounds), "",
+        harness.machine_line(info)]
+    path = os.path.join(out, a.lever + ".md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines) + "\n\nwrote " + path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -173,7 +173,7 @@ def test_normalized_advantages_do_not_depend_on_the_reward_scale():
 
 
 @pytest.mark.parametrize("bad", ["--num_sgd_iter=0", "--clip_param=1.5", "--optimizer=sgd",
-                                 "--adam_epsilon=0", "--clip_ratio_to=target"])
+                                 "--adam_epsilon=0", "--clip_ratio_to=target", "--prefetch_batches=-1"])
 def test_new_training_flags_are_validated(bad):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",
@@ -351,7 +351,7 @@ def _prefetch_threads():
     return [t for t in threading.enumerate() if t.name.startswith("learner-prefetch")]
 
 
-@pytest.mark.parametrize("prefetch", [0])
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
 def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch):
     """6 updates of 4 unrolls: the run stops at the budget, trains every unroll it dequeued
     (none is lost to prefetching) and writes metrics, summary and the final weights."""
@@ -360,6 +360,8 @@ def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch)
     assert summary["reason"] == "frame budget reached"
     assert summary["frames"] == 6 * 4 * _FPU
     assert sum(dequeued.values()) * _FPU == summary["frames"], dequeued
+    # Prefetching: every batch was dequeued by the prefetch thread; without it, by the loop.
+    assert set(dequeued) == {"learner-prefetch" if prefetch else "MainThread"}, dequeued
     assert summary["episodes"] > 0 and summary["time_breakdown"]["learner_learn_s"] > 0
     with open(tmp_path / "run" / "metrics.csv") as fh:
         rows = fh.read().splitlines()
@@ -371,7 +373,7 @@ def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch)
     assert not _prefetch_threads()
 
 
-@pytest.mark.parametrize("prefetch", [0])
+@pytest.mark.parametrize("prefetch", [0, 1])
 def test_train_stops_cleanly_on_sigint(tmp_path, monkeypatch, prefetch):
     """SIGINT after 3 updates: train() returns 0 soon, with a checkpoint; at most the
     batches in flight (--prefetch_batches of them) were dequeued and not trained on."""
@@ -392,10 +394,35 @@ def test_train_stops_cleanly_on_sigint(tmp_path, monkeypatch, prefetch):
     assert not _prefetch_threads()
 
 
-@pytest.mark.parametrize("prefetch", [0])
+@pytest.mark.parametrize("prefetch", [0, 1])
 def test_train_without_actors_exits_with_code_4(tmp_path, monkeypatch, prefetch):
     code, summary, lines, _ = _train_in_process(tmp_path, monkeypatch, feed=False, exit_when_no_actors_s=1.0,
                                                 actor_timeout_s=0.5, prefetch_batches=prefetch)
     assert code == 4 and summary["reason"] == "no actors" and summary["frames"] == 0
     assert any("WARNING: no unroll from any of its 1 actor(s)" in line for line in lines)
+    assert not _prefetch_threads()
+
+
+_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 16, "sample_ratio": 0.5}]'
+
+
+@pytest.mark.parametrize("replay", [None, _REPLAY])
+def test_prefetching_trains_the_same_batches_as_without(tmp_path, monkeypatch, replay):
+    """The same unrolls in the same order give the same final weights with and without the
+    prefetch thread; with replay (the batch made in the loop's thread, fresh unrolls per
+    update varying while the buffer fills) the frame budget still ends the run exactly."""
+    extra = {} if replay is None else {"replay_parameters": replay}
+    runs = {}
+    for prefetch in (0, 1, 3):
+        code, summary, lines, dequeued = _train_in_process(
+            tmp_path / str(prefetch), monkeypatch, prefetch_batches=prefetch, total_environment_frames=10 * 4 * _FPU,
+            **extra)
+        assert code == 0 and summary["reason"] == "frame budget reached", lines
+        assert sum(dequeued.values()) * _FPU == summary["frames"], dequeued
+        with open(tmp_path / str(prefetch) / "run" / "metrics.csv") as fh:
+            updates = len(fh.read().splitlines()) - 1
+        runs[prefetch] = (summary["frames"], updates, [line for line in lines if "final weights sha256" in line])
+    assert runs[0] == runs[1] == runs[3] and runs[0][2]
+    # With replay half of each batch is fresh once the buffer holds 2 unrolls: more updates.
+    assert runs[0][1] == 10 if replay is None else runs[0][1] > 15
     assert not _prefetch_threads()

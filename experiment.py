@@ -71,6 +71,11 @@ flags.DEFINE_integer("total_environment_frames", int(1e9), "Frames to train for.
 flags.DEFINE_integer("batch_size", 32, "Unrolls per learner update (per rank).")
 flags.DEFINE_integer("unroll_length", 100, "Agent steps per unroll.")
 flags.DEFINE_integer("queue_capacity", 64, "Unrolls the learner's queue holds (>= batch_size).")
+flags.DEFINE_integer("prefetch_batches", 1, "Batches the learner dequeues ahead in a background thread "
+                     "while the current update trains (scalable_agent staged its batches): the update "
+                     "then starts on a ready batch. Without replay the thread also makes the batch's "
+                     "tensors; with --replay_parameters mixing in replay it only dequeues, 1 batch ahead. "
+                     "0 = dequeue between updates.")
 flags.DEFINE_float("entropy_cost", 0.00025, "Entropy cost.")
 flags.DEFINE_float("baseline_cost", 0.5, "Baseline cost.")
 flags.DEFINE_float("discounting", 0.99, "Discount factor.")
@@ -153,6 +158,8 @@ flags.register_validator("num_sgd_iter", lambda v: v is not None and 1 <= v <= 3
 flags.register_validator("vtrace_lambda", lambda v: 0 < v <= 1, message="must be in (0, 1]")
 flags.register_validator("clip_param", lambda v: 0 <= v < 1, message="must be in [0, 1) (0 = off)")
 flags.register_validator("actor_threads", lambda v: v >= 0, message="must be >= 0")
+flags.register_validator("prefetch_batches", lambda v: v is not None and v >= 0,
+                         message="must be >= 0 (0 = no prefetching)")
 flags.register_validator("env_threads", lambda v: v >= 1, message="must be >= 1")
 flags.register_multi_flags_validator(
     ["env_groups", "envs_per_actor"],

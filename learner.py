@@ -12,8 +12,11 @@ import hashlib
 import json
 import os
 import pickle
+import queue
 import signal
+import threading
 import time
+from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -196,6 +199,10 @@ class Learner:
             return self.flags.batch_size
         return max(1, self.mixer.live_needed())
 
+    def to_tensors(self, batch):
+        """The update's input: time-major tensors of a [B, ...] batch."""
+        return {k: tf.constant(v) for k, v in to_time_major(batch, self.spec.names).items()}
+
     def make_batch(self, live):
         """The training batch ([B, ...] arrays) from the live unrolls (and replay)."""
         if self.mixer is None:
@@ -350,6 +357,9 @@ def broadcast(learner):
 class Stats:
     """Running figures for the progress line, TensorBoard and the final report."""
 
+    # The fields of a batch that add_batch() reads.
+    FIELDS = ("episode_end", "episode_return", "episode_length", "actor_id", "actor_timing", "policy_version")
+
     def __init__(self):
         self.returns = collections.deque(maxlen=100)
         self.lengths = collections.deque(maxlen=100)
@@ -426,158 +436,409 @@ def save_or_report(learner, log, rank):
         return None
 
 
-def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print, actor_ids=None):
-    stop = {"flag": False, "signal": None}
+# ---------------------------------------------------------------- the training loop
+class StopRequest:
+    """SIGINT/SIGTERM set `flag` (remembering the signal): the loop stops between updates."""
 
-    def handle(signum, frame):
-        stop["flag"] = True
-        stop["signal"] = signum
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handle)
+    def __init__(self):
+        self.flag, self.signal = False, None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
 
+    def _handle(self, signum, frame):
+        self.flag, self.signal = True, signum
+
+
+class IdleWatch:
+    """Time since the last unroll: a warning once after --actor_timeout_s, and with
+    --exit_when_no_actors_s > 0 `gave_up` (the run ends with exit code 4)."""
+
+    def __init__(self, flags, rank, num_actors, log):
+        self.flags, self.rank, self.num_actors, self.log = flags, rank, num_actors, log
+        self.last_data = time.time()
+        self.said = self.gave_up = False
+
+    def got_data(self):
+        self.last_data = time.time()
+        self.said = False
+
+    def check(self):
+        idle = time.time() - self.last_data
+        if idle > self.flags.actor_timeout_s and not self.said:
+            self.log("[learner %d] WARNING: no unroll from any of its %d actor(s) for %.0f s; waiting "
+                     "(--exit_when_no_actors_s=%g)" % (self.rank, self.num_actors, idle,
+                                                       self.flags.exit_when_no_actors_s))
+            self.said = True
+        if self.flags.exit_when_no_actors_s > 0 and idle > self.flags.exit_when_no_actors_s:
+            self.log("[learner %d] ERROR: no actor has sent anything for %.0f s; stopping" % (self.rank, idle))
+            self.gave_up = True
+
+
+class Progress:
+    """The progress line every --log_every_s and, on the chief, metrics.csv and TensorBoard."""
+
+    COLUMNS = "time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,total_loss,entropy,grad_norm"
+
+    def __init__(self, flags, learner, tp, logdir, rank, num_actors, log):
+        self.flags, self.learner, self.tp, self.rank, self.num_actors, self.log = (
+            flags, learner, tp, rank, num_actors, log)
+        self.writer = tf.summary.create_file_writer(logdir) if learner.is_chief else None
+        self.metrics = self._open_metrics(os.path.join(logdir, "metrics.csv")) if learner.is_chief else None
+        self.start = self.last_log = time.time()
+        self.start_frames = self.last_log_frames = 0
+
+    def _open_metrics(self, path):
+        new_file = not os.path.exists(path)
+        metrics = open(path, "a", buffering=1)
+        if new_file:
+            metrics.write(self.COLUMNS + "\n")
+        return metrics
+
+    def begin(self, start, frames):
+        self.start = self.last_log = start
+        self.start_frames = self.last_log_frames = frames
+
+    def maybe_write(self, now, st, beats, step_stats):
+        if now - self.last_log < self.flags.log_every_s:
+            return
+        frames = int(self.learner.num_env_frames.numpy())
+        fps = (frames - self.last_log_frames) / (now - self.last_log)
+        fill = self.tp.size() / self.flags.queue_capacity
+        total = self.flags.total_environment_frames
+        _log_progress(self.log, self.rank, frames, total, fps, st, fill, now - self.start,
+                      (total - frames) / max(fps, 1e-9), step_stats, self.num_actors, beats.alive(st.last_seen))
+        if self.learner.is_chief:
+            self._tensorboard(frames, fps, fill, st, step_stats)
+            self._csv_row(now, frames, fps, fill, st, step_stats)
+        self.last_log, self.last_log_frames = now, frames
+
+    def _tensorboard(self, frames, fps, fill, st, step_stats):
+        with self.writer.as_default(step=frames):
+            tf.summary.scalar("frames_per_second", fps)
+            tf.summary.scalar("queue_fill", fill)
+            tf.summary.scalar("policy_lag", np.mean(st.lag) if st.lag else 0.0)
+            if st.returns:
+                tf.summary.scalar("episode_return_mean20", st.mean_return())
+            for k, v in step_stats.items():
+                tf.summary.scalar(k, v)
+            if self.learner.mixer is not None:
+                tf.summary.scalar("replay_nbytes", self.learner.mixer.nbytes())
+
+    def _csv_row(self, now, frames, fps, fill, st, step_stats):
+        self.metrics.write("%.1f,%d,%d,%.1f,%.3f,%d,%.3f,%.4f,%.4f,%.4f\n" % (
+            now - self.start, frames, int(self.learner.update_step.numpy()), fps, st.mean_return(),
+            st.episodes, fill, float(step_stats["total_loss"]), float(step_stats["entropy"]),
+            float(step_stats["grad_norm"])))
+
+    def close(self):
+        if self.learner.is_chief:
+            self.metrics.close()
+            self.writer.close()
+
+
+class CheckpointTimer:
+    """A checkpoint every --checkpoint_every_s (a failed save is reported; training goes on)."""
+
+    def __init__(self, learner, every_s, rank, log, start):
+        self.learner, self.every_s, self.rank, self.log, self.last = learner, every_s, rank, log, start
+
+    def maybe_save(self, now):
+        if now - self.last >= self.every_s:
+            save_or_report(self.learner, self.log, self.rank)
+            self.last = now
+
+
+class Ready(NamedTuple):
+    """A batch for one update: the dequeued unrolls ([B, ...] arrays, for the statistics and
+    the replay mixer), how many were fresh, and the update's tensors when already made."""
+    live: dict
+    n_live: int
+    tensors: Optional[dict]
+
+
+class SyncBatches:
+    """--prefetch_batches=0: the update loop dequeues each batch itself, between updates."""
+
+    def __init__(self, learner, tp):
+        self.learner, self.tp = learner, tp
+
+    def top_up(self):
+        pass  # nothing is fetched ahead
+
+    def poll(self):
+        """The next batch, or None after a short sleep when fewer unrolls wait."""
+        n_live = self.learner.live_needed()
+        live = self.tp.try_dequeue(n_live)
+        if live is None:
+            time.sleep(0.005)
+            return None
+        return Ready(live, n_live, None)
+
+    def close(self):
+        """Returns the unrolls dequeued but not handed out: none here."""
+        return 0
+
+
+class PrefetchBatches:
+    """--prefetch_batches=N: a background thread dequeues (and, without replay, converts)
+    up to N batches ahead while the update loop trains, as scalable_agent staged its batches.
+
+    The update loop asks for each batch with top_up(), which counts the fresh unrolls
+    (learner.live_needed(), in the loop's thread: it reads the replay mixer) and stops
+    asking once the batches asked for reach --total_environment_frames, so at the frame
+    budget nothing was dequeued that is not trained on. At any other stop (signal, silent
+    actors, another rank) the batches in flight, at most N, were taken from the queue and
+    are dropped untrained, like the unrolls still in the closed queue: close() says how many.
+    """
+
+    def __init__(self, learner, tp, depth, convert, frames_per_unroll):
+        self.learner, self.tp, self.depth, self.convert = learner, tp, depth, convert
+        self.frames_per_unroll = frames_per_unroll  # all ranks' frames per fresh unroll of this rank
+        self.total = learner.flags.total_environment_frames
+        self.planned = int(learner.num_env_frames.numpy())  # frames once all asked-for batches trained
+        self.pending = 0  # batches asked for and not yet handed out
+        self.requests, self.ready = queue.Queue(), queue.Queue()
+        self.halt = threading.Event()
+        # A daemon, and joined by close(): it never keeps the process alive.
+        self.thread = threading.Thread(target=self._fetch_loop, name="learner-prefetch", daemon=True)
+        self.thread.start()
+
+    def top_up(self):
+        """Asks for batches up to `depth` ahead, none past the frame budget. With replay the
+        next batch's size is known only after make_batch() of the previous one: 1 ahead."""
+        while self.pending < self.depth and self.planned < self.total:
+            if self.learner.mixer is not None and self.pending > 0:
+                return
+            n_live = self.learner.live_needed()
+            self.requests.put(n_live)
+            self.pending += 1
+            self.planned += n_live * self.frames_per_unroll
+
+    def poll(self):
+        """The next ready batch, or None after waiting up to 5 ms for it."""
+        self.top_up()
+        try:
+            item = self.ready.get(timeout=0.005)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item  # the thread failed (e.g. the transport): the loop fails the same way
+        self.pending -= 1
+        return item
+
+    def _fetch_loop(self):
+        try:
+            while not self.halt.is_set():
+                try:
+                    n_live = self.requests.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                live = self._dequeue(n_live)
+                if live is None:
+                    return  # halted while waiting: nothing was taken from the queue
+                if self.convert is None:
+                    self.ready.put(Ready(live, n_live, None))
+                else:  # the statistics' fields are all the loop still needs of the arrays
+                    tensors = self.convert(live)
+                    self.ready.put(Ready({k: live[k] for k in Stats.FIELDS}, n_live, tensors))
+        except BaseException as e:  # handed to the update loop, which raises it
+            self.ready.put(e)
+
+    def _dequeue(self, n_live):
+        while not self.halt.is_set():
+            live = self.tp.try_dequeue(n_live)
+            if live is not None:
+                return live
+            time.sleep(0.005)
+        return None
+
+    def close(self):
+        """Stops and joins the thread; returns the unrolls dequeued but never handed out."""
+        self.halt.set()
+        self.thread.join(timeout=30)
+        if self.thread.is_alive():  # stuck in a transport call; a daemon, so exit goes on
+            print("[learner] WARNING: the prefetch thread did not stop within 30 s", flush=True)
+        dropped = 0
+        while not self.ready.empty():
+            item = self.ready.get()
+            dropped += item.n_live if isinstance(item, Ready) else 0
+        return dropped
+
+
+def make_batch_source(flags, learner, tp):
+    """SyncBatches with --prefetch_batches=0, else PrefetchBatches.
+
+    Without replay make_batch() returns the live unrolls as they are, so the thread also
+    does the time-major numpy conversion and the tensor copies. With replay
+    (learner.mixer) make_batch() is not thread safe: ReplayMixer.sample()/add() change
+    the mixer's RNG, rounding carry, buffers and carried unrolls, which live_needed(),
+    save() (state_dict) and the progress line (nbytes) read in the update loop's thread,
+    and prioritised strategies call learner.features(), i.e. the current policy on the
+    weights the update is changing. So with replay only the dequeue is prefetched; the
+    mixing and the conversion stay in the update loop, before the update, as without
+    prefetching.
+    """
+    if flags.prefetch_batches == 0:
+        return SyncBatches(learner, tp)
+    convert = learner.to_tensors if learner.mixer is None else None
+    return PrefetchBatches(learner, tp, flags.prefetch_batches, convert,
+                           learner.size * learner.frames_per_unroll)
+
+
+class Trainer:
+    """One learner rank's update loop: dequeue -> batch -> update -> publish, until the
+    frame budget, a signal, silent actors or another rank stops it."""
+
+    def __init__(self, flags, learner, tp, stop, progress, num_actors, log, actor_ids=None):
+        self.flags, self.learner, self.tp, self.stop, self.progress, self.log = (
+            flags, learner, tp, stop, progress, log)
+        self.rank, self.size = learner.rank, learner.size
+        self.version = int(learner.update_step.numpy())  # as published by start_learner()
+        self.st = Stats()
+        self.beats = Heartbeats(actor_ids if actor_ids is not None else range(num_actors),
+                                flags.actor_timeout_s, self.rank, log)
+        self.start = time.time()
+        self.start_frames = self.frames = int(learner.num_env_frames.numpy())
+        progress.begin(self.start, self.start_frames)
+        self.idle = IdleWatch(flags, self.rank, num_actors, log)
+        self.checkpoints = CheckpointTimer(learner, flags.checkpoint_every_s, self.rank, log, self.start)
+        self.step_stats = {}
+
+    def run(self):
+        """Trains until something stops it; returns (reason, exit code)."""
+        self.batches = make_batch_source(self.flags, self.learner, self.tp)
+        try:
+            while True:
+                ready = self.wait_for_batch()
+                if self.all_ranks_stop(ready is None):
+                    return self.stop_reason()
+                self.update(ready)
+                self.publish()
+                now = time.time()
+                self.progress.maybe_write(now, self.st, self.beats, self.step_stats)
+                self.checkpoints.maybe_save(now)
+        finally:
+            self.close_batches()
+
+    def wait_for_batch(self):
+        """This rank's next batch, or None for a reason to stop; staying responsive meanwhile.
+        st.t_wait is the time the update loop waited here."""
+        self.frames = int(self.learner.num_env_frames.numpy())
+        t0 = time.perf_counter()
+        ready = None
+        while (ready is None and not self.stop.flag and self.frames < self.flags.total_environment_frames
+               and not self.idle.gave_up):
+            ready = self.batches.poll()
+            if ready is None:
+                self.beats.check(self.st.last_seen)
+                self.idle.check()
+        self.st.t_wait += time.perf_counter() - t0
+        return ready
+
+    def all_ranks_stop(self, local_stop):
+        """All ranks agree, once per update, whether to stop (a rank that looped back
+        alone would deadlock the others' gradient allreduce)."""
+        if self.size == 1:
+            return local_stop
+        return bool(hvd.allreduce(tf.constant(int(local_stop)), op=hvd.Max, name="stop_flag").numpy())
+
+    def stop_reason(self):
+        if self.stop.flag:
+            return "stopped by signal %d" % self.stop.signal, 0
+        if self.idle.gave_up:
+            return "no actors", 4
+        if self.frames < self.flags.total_environment_frames:
+            return "stopped because another learner rank stopped", 0
+        return "frame budget reached", 0
+
+    def update(self, ready):
+        """Statistics of the live data, the training batch (with replay), one update."""
+        self.idle.got_data()
+        t1 = time.perf_counter()
+        self.st.add_batch(ready.live, self.version)  # statistics of live data only
+        self.beats.check(self.st.last_seen)
+        tensors = ready.tensors
+        if tensors is None:
+            tensors = self.learner.to_tensors(self.learner.make_batch(ready.live))
+        self.batches.top_up()  # the next batch's dequeue overlaps this update
+        new_frames = tf.constant(self.size * ready.n_live * self.learner.frames_per_unroll, tf.int64)
+        self.step_stats = self.learner._train_step(tensors, new_frames)
+        self.st.t_learn += time.perf_counter() - t1
+
+    def publish(self):
+        t2 = time.perf_counter()
+        self.version += 1
+        self.tp.publish(self.learner.flat_weights(), self.version)
+        self.st.t_publish += time.perf_counter() - t2
+
+    def close_batches(self):
+        dropped = self.batches.close()
+        if dropped:
+            self.log("[learner %d] %d prefetched unroll(s) were dequeued but not trained on (the "
+                     "batch in flight at the stop)" % (self.rank, dropped))
+
+
+def start_learner(flags, logdir, learner_address, num_actors, rank, size, log):
+    """The learner (restored with --mode=train_w_load, rank 0's weights on every rank) and
+    its transport server, with the initial weights published."""
     learner = Learner(flags, logdir, rank, size)
-    restored = None
     if flags.mode == "train_w_load":
         restored = learner.restore(flags.load_model_url)
         log("[learner %d] resumed from %s at %d frames" % (rank, restored, int(learner.num_env_frames.numpy())))
     broadcast(learner)
-    capacity = flags.queue_capacity
-    tp = transport.LearnerTransport(learner_address, learner.spec, capacity, flags.batch_size)
-    version = int(learner.update_step.numpy())
-    tp.publish(learner.flat_weights(), version)
+    tp = transport.LearnerTransport(learner_address, learner.spec, flags.queue_capacity, flags.batch_size)
+    tp.publish(learner.flat_weights(), int(learner.update_step.numpy()))
     log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d new frames/update"
         % (rank, size, learner_address, flags.level_name, flags.agent_name, flags.batch_size,
            flags.unroll_length, num_actors, learner.live_frames_per_update))
+    return learner, tp
 
-    writer = tf.summary.create_file_writer(logdir) if learner.is_chief else None
-    metrics_path = os.path.join(logdir, "metrics.csv")
-    metrics = None
-    if learner.is_chief:
-        new_file = not os.path.exists(metrics_path)
-        metrics = open(metrics_path, "a", buffering=1)
-        if new_file:
-            metrics.write("time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,"
-                          "total_loss,entropy,grad_norm\n")
 
-    t0 = time.time()
-    learner.warm_up()  # while the actors start up
-    log("[learner %d] update traced in %.1f s" % (rank, time.time() - t0))
-    st = Stats()
-    beats = Heartbeats(actor_ids if actor_ids is not None else range(num_actors), flags.actor_timeout_s,
-                       rank, log)
-    start = time.time()
-    start_frames = int(learner.num_env_frames.numpy())
-    last_log = last_ckpt = start
-    last_log_frames = start_frames
-    last_data = start
-    waiting_said = False
-    exit_code = 0
-    reason = "frame budget reached"
-    step_stats = {}
-    total = flags.total_environment_frames
-    no_actors = False
-    while True:
-        # 1. Wait for this rank's batch (or a reason to stop), staying responsive.
-        frames = int(learner.num_env_frames.numpy())
-        t0 = time.perf_counter()
-        batch = None
-        n_live = learner.live_needed()
-        while batch is None and not stop["flag"] and frames < total and not no_actors:
-            batch = tp.try_dequeue(n_live)
-            if batch is not None:
-                break
-            time.sleep(0.005)
-            beats.check(st.last_seen)
-            idle = time.time() - last_data
-            if idle > flags.actor_timeout_s and not waiting_said:
-                log("[learner %d] WARNING: no unroll from any of its %d actor(s) for %.0f s; waiting "
-                    "(--exit_when_no_actors_s=%g)" % (rank, num_actors, idle, flags.exit_when_no_actors_s))
-                waiting_said = True
-            if flags.exit_when_no_actors_s > 0 and idle > flags.exit_when_no_actors_s:
-                log("[learner %d] ERROR: no actor has sent anything for %.0f s; stopping" % (rank, idle))
-                no_actors = True
-        st.t_wait += time.perf_counter() - t0
-        # 2. All ranks agree, once per update, whether to stop (a rank that
-        #    looped back alone would deadlock the others' gradient allreduce).
-        local_stop = batch is None
-        any_stop = local_stop
-        if size > 1:
-            any_stop = bool(hvd.allreduce(tf.constant(int(local_stop)), op=hvd.Max,
-                                          name="stop_flag").numpy())
-        if any_stop:
-            if stop["flag"]:
-                reason = "stopped by signal %d" % stop["signal"]
-            elif no_actors:
-                reason, exit_code = "no actors", 4
-            elif frames < total:
-                reason = "stopped because another learner rank stopped"
-            break
-        last_data = time.time()
-        waiting_said = False
-        t1 = time.perf_counter()
-        st.add_batch(batch, version)  # statistics of live data only
-        beats.check(st.last_seen)
-        tm = to_time_major(learner.make_batch(batch), learner.spec.names)
-        new_frames = tf.constant(size * n_live * learner.frames_per_unroll, tf.int64)
-        step_stats = learner._train_step({k: tf.constant(v) for k, v in tm.items()}, new_frames)
-        t2 = time.perf_counter()
-        st.t_learn += t2 - t1
-        version += 1
-        tp.publish(learner.flat_weights(), version)
-        st.t_publish += time.perf_counter() - t2
-
-        now = time.time()
-        if now - last_log >= flags.log_every_s:
-            frames = int(learner.num_env_frames.numpy())
-            fps = (frames - last_log_frames) / (now - last_log)
-            fill = tp.size() / capacity
-            _log_progress(log, rank, frames, total, fps, st, fill, now - start,
-                          (total - frames) / max(fps, 1e-9), step_stats, num_actors,
-                          beats.alive(st.last_seen))
-            if learner.is_chief:
-                with writer.as_default(step=frames):
-                    tf.summary.scalar("frames_per_second", fps)
-                    tf.summary.scalar("queue_fill", fill)
-                    tf.summary.scalar("policy_lag", np.mean(st.lag) if st.lag else 0.0)
-                    if st.returns:
-                        tf.summary.scalar("episode_return_mean20", st.mean_return())
-                    for k, v in step_stats.items():
-                        tf.summary.scalar(k, v)
-                    if learner.mixer is not None:
-                        tf.summary.scalar("replay_nbytes", learner.mixer.nbytes())
-                metrics.write("%.1f,%d,%d,%.1f,%.3f,%d,%.3f,%.4f,%.4f,%.4f\n" % (
-                    now - start, frames, int(learner.update_step.numpy()), fps, st.mean_return(),
-                    st.episodes, fill, float(step_stats["total_loss"]), float(step_stats["entropy"]),
-                    float(step_stats["grad_norm"])))
-            last_log, last_log_frames = now, frames
-        if now - last_ckpt >= flags.checkpoint_every_s:
-            save_or_report(learner, log, rank)
-            last_ckpt = now
-
+def finish(learner, tp, trainer, progress, reason, exit_code, logdir, log):
+    """The final checkpoint (exit code 5 when the chief could not save it), the report
+    and summary.json; returns the exit code."""
+    rank = learner.rank
     path = save_or_report(learner, log, rank)
     if path is None and learner.is_chief:
         exit_code = 5
     tp.close()
-    elapsed = time.time() - start
+    elapsed = time.time() - trainer.start
     frames = int(learner.num_env_frames.numpy())
-    report = _bottleneck_report(st, elapsed, frames - start_frames, learner.frames_per_step)
+    report = _bottleneck_report(trainer.st, elapsed, frames - trainer.start_frames, learner.frames_per_step)
     log("[learner %d] %s after %d frames (%.0f s); checkpoint %s" % (rank, reason, frames, elapsed, path))
     log("[learner %d] final weights sha256 %s" % (rank, hashlib.sha256(learner.flat_weights().tobytes()).hexdigest()))
     log(report["text"])
     if learner.is_chief:
         summary = {"reason": reason, "frames": frames, "elapsed_s": elapsed,
-                   "mean_return_20": st.mean_return(), "episodes": st.episodes,
+                   "mean_return_20": trainer.st.mean_return(), "episodes": trainer.st.episodes,
                    "checkpoint": path, "time_breakdown": report["numbers"]}
-        if learner.mixer is not None:
-            summary["replay"] = learner.mixer.stats()
-            log("[learner] replay: %s" % json.dumps(summary["replay"], default=float))
-        with open(os.path.join(logdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=float)
-        metrics.close()
-        writer.close()
+        write_summary(learner, summary, logdir, log)
+        progress.close()
     # Give actors a moment to see the closed queue before the server goes away.
     time.sleep(0.5)
     return exit_code
+
+
+def write_summary(learner, summary, logdir, log):
+    if learner.mixer is not None:
+        summary["replay"] = learner.mixer.stats()
+        log("[learner] replay: %s" % json.dumps(summary["replay"], default=float))
+    with open(os.path.join(logdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+
+
+def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print, actor_ids=None):
+    """Serves the actors of this rank and trains until the frame budget, a signal
+    (SIGINT/SIGTERM) or silent actors stop it; returns the exit code."""
+    stop = StopRequest()
+    learner, tp = start_learner(flags, logdir, learner_address, num_actors, rank, size, log)
+    progress = Progress(flags, learner, tp, logdir, rank, num_actors, log)
+    t0 = time.time()
+    learner.warm_up()  # while the actors start up
+    log("[learner %d] update traced in %.1f s" % (rank, time.time() - t0))
+    trainer = Trainer(flags, learner, tp, stop, progress, num_actors, log, actor_ids)
+    reason, exit_code = trainer.run()
+    return finish(learner, tp, trainer, progress, reason, exit_code, logdir, log)
 
 
 def _log_progress(log, rank, frames, total, fps, st, fill, elapsed, eta, step_stats, num_actors, alive):

@@ -1,7 +1,13 @@
-"""The learner's loss and optimizer pieces, on small tensors (no processes)."""
+"""The learner's loss and optimizer pieces, on small tensors (no processes), and its
+training loop on a real transport server in this process."""
+import collections
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 import types
 
 import numpy as np
@@ -10,6 +16,8 @@ import tensorflow as tf
 
 import learner
 import nets
+import transport
+from tests.test_experiment import _free_base_port
 
 
 def _experiment_defaults(**overrides):
@@ -165,7 +173,7 @@ def test_normalized_advantages_do_not_depend_on_the_reward_scale():
 
 
 @pytest.mark.parametrize("bad", ["--num_sgd_iter=0", "--clip_param=1.5", "--optimizer=sgd",
-                                 "--adam_epsilon=0", "--clip_ratio_to=target"])
+                                 "--adam_epsilon=0", "--clip_ratio_to=target", "--prefetch_batches=-1"])
 def test_new_training_flags_are_validated(bad):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",
@@ -254,3 +262,167 @@ def test_a_time_limit_bootstraps_from_the_actors_value():
     _, stats = learner.compute_losses(out, batch, flags)
     # targets 1 and 1 + 0.9 * 10 (the reward is clipped, the bootstrap is not); V = 0
     assert float(stats["baseline_loss"]) == pytest.approx(0.5 * (1.0 ** 2 + 10.0 ** 2))
+
+
+# ---------------------------------------------------------------- train() in this process
+_FPU = 5  # frames per CartPole unroll: unroll_length 5 x 1 frame per step
+
+
+class _Feeder(threading.Thread):
+    """Plays an actor: enqueues seeded random CartPole unrolls, one at a time (so that the
+    order in the queue is the same in every run), until the learner closes its queue."""
+
+    def __init__(self, address, spec, capacity, batch_size, on_version=None):
+        super().__init__(daemon=True, name="test-feeder")
+        self.client = transport.ActorClient(address, spec, capacity, batch_size)
+        self.spec, self.on_version = spec, on_version
+        self.halt = threading.Event()
+        self.sent = 0
+
+    def _unroll(self, rng):
+        buf = {f.name: np.zeros((1,) + f.shape, f.dtype) for f in self.spec.fields}
+        T = buf["action"].shape[1]
+        buf["observation"][:] = rng.normal(size=buf["observation"].shape)
+        buf["action"][:] = rng.integers(0, 2, size=(1, T))
+        buf["reward"][:] = rng.normal(size=(1, T))
+        buf["done"][:] = buf["episode_end"][:] = rng.random((1, T)) < 0.2
+        buf["episode_return"][:] = 10.0
+        buf["episode_length"][:] = 10
+        buf["behaviour_logits"][:] = rng.normal(size=buf["behaviour_logits"].shape)
+        buf["policy_version"][:] = self.sent
+        return buf
+
+    def run(self):
+        if not self.client.connect(60):
+            return
+        rng = np.random.default_rng(0)
+        buf = self._unroll(rng)
+        while not self.halt.is_set():
+            try:
+                self.client.enqueue(buf, timeout_ms=200)
+            except tf.errors.DeadlineExceededError:
+                continue  # queue full: the same unroll again (one unroll: nothing went in)
+            except tf.errors.OpError:
+                return  # the learner closed its queue
+            self.sent += 1
+            buf = self._unroll(rng)
+            if self.on_version is not None:
+                got = self.client.fetch_weights_if_new()
+                if got is not None:
+                    self.on_version(got[0])
+
+
+def _train_in_process(tmp_path, monkeypatch, feed=True, on_version=None, **overrides):
+    """learner.train() on a real transport server in this process, fed by a _Feeder thread.
+    Returns (exit code, summary.json, log lines, unrolls dequeued by each thread)."""
+    f = _experiment_defaults(**dict(dict(
+        level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=_FPU, queue_capacity=8,
+        total_environment_frames=6 * 4 * _FPU, log_every_s=0.0, exit_when_no_actors_s=30.0), **overrides))
+    dequeued = collections.Counter()
+    real_try_dequeue = transport.LearnerTransport.try_dequeue
+
+    def counting_try_dequeue(self, n=None):
+        got = real_try_dequeue(self, n)
+        if got is not None:
+            dequeued[threading.current_thread().name] += len(got["actor_id"])
+        return got
+
+    monkeypatch.setattr(transport.LearnerTransport, "try_dequeue", counting_try_dequeue)
+    address = "127.0.0.1:%d" % _free_base_port()
+    spec = learner.Learner(f, str(tmp_path / "spec")).spec
+    feeder = _Feeder(address, spec, f.queue_capacity, f.batch_size, on_version)
+    if feed:
+        feeder.start()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    lines = []
+    try:
+        code = learner.train(f, str(tmp_path / "run"), address, 1, log=lines.append)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        feeder.halt.set()
+        if feed:
+            feeder.join(30)
+    with open(tmp_path / "run" / "summary.json") as fh:
+        return code, json.load(fh), lines, dequeued
+
+
+def _prefetch_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("learner-prefetch")]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch):
+    """6 updates of 4 unrolls: the run stops at the budget, trains every unroll it dequeued
+    (none is lost to prefetching) and writes metrics, summary and the final weights."""
+    code, summary, lines, dequeued = _train_in_process(tmp_path, monkeypatch, prefetch_batches=prefetch)
+    assert code == 0, lines
+    assert summary["reason"] == "frame budget reached"
+    assert summary["frames"] == 6 * 4 * _FPU
+    assert sum(dequeued.values()) * _FPU == summary["frames"], dequeued
+    # Prefetching: every batch was dequeued by the prefetch thread; without it, by the loop.
+    assert set(dequeued) == {"learner-prefetch" if prefetch else "MainThread"}, dequeued
+    assert summary["episodes"] > 0 and summary["time_breakdown"]["learner_learn_s"] > 0
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        rows = fh.read().splitlines()
+    assert rows[0] == ("time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,"
+                       "total_loss,entropy,grad_norm")
+    assert len(rows) == 1 + 6 and rows[-1].split(",")[1:3] == [str(6 * 4 * _FPU), "6"]
+    assert any("final weights sha256" in line for line in lines)
+    assert os.path.exists(summary["checkpoint"] + ".index")
+    assert not _prefetch_threads()
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_train_stops_cleanly_on_sigint(tmp_path, monkeypatch, prefetch):
+    """SIGINT after 3 updates: train() returns 0 soon, with a checkpoint; at most the
+    batches in flight (--prefetch_batches of them) were dequeued and not trained on."""
+    sent = []
+
+    def interrupt(version):
+        if version >= 3 and not sent:
+            sent.append(time.time())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    code, summary, lines, dequeued = _train_in_process(
+        tmp_path, monkeypatch, on_version=interrupt, total_environment_frames=10 ** 9, prefetch_batches=prefetch)
+    assert sent and code == 0, lines
+    assert summary["reason"] == "stopped by signal %d" % signal.SIGINT
+    assert summary["checkpoint"] and summary["frames"] >= 3 * 4 * _FPU
+    lost = sum(dequeued.values()) - summary["frames"] // _FPU
+    assert 0 <= lost <= 4 * prefetch, (dequeued, summary["frames"])
+    assert not _prefetch_threads()
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_train_without_actors_exits_with_code_4(tmp_path, monkeypatch, prefetch):
+    code, summary, lines, _ = _train_in_process(tmp_path, monkeypatch, feed=False, exit_when_no_actors_s=1.0,
+                                                actor_timeout_s=0.5, prefetch_batches=prefetch)
+    assert code == 4 and summary["reason"] == "no actors" and summary["frames"] == 0
+    assert any("WARNING: no unroll from any of its 1 actor(s)" in line for line in lines)
+    assert not _prefetch_threads()
+
+
+_REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 16, "sample_ratio": 0.5}]'
+
+
+@pytest.mark.parametrize("replay", [None, _REPLAY])
+def test_prefetching_trains_the_same_batches_as_without(tmp_path, monkeypatch, replay):
+    """The same unrolls in the same order give the same final weights with and without the
+    prefetch thread; with replay (the batch made in the loop's thread, fresh unrolls per
+    update varying while the buffer fills) the frame budget still ends the run exactly."""
+    extra = {} if replay is None else {"replay_parameters": replay}
+    runs = {}
+    for prefetch in (0, 1, 3):
+        code, summary, lines, dequeued = _train_in_process(
+            tmp_path / str(prefetch), monkeypatch, prefetch_batches=prefetch, total_environment_frames=10 * 4 * _FPU,
+            **extra)
+        assert code == 0 and summary["reason"] == "frame budget reached", lines
+        assert sum(dequeued.values()) * _FPU == summary["frames"], dequeued
+        with open(tmp_path / str(prefetch) / "run" / "metrics.csv") as fh:
+            updates = len(fh.read().splitlines()) - 1
+        runs[prefetch] = (summary["frames"], updates, [line for line in lines if "final weights sha256" in line])
+    assert runs[0] == runs[1] == runs[3] and runs[0][2]
+    # With replay half of each batch is fresh once the buffer holds 2 unrolls: more updates.
+    assert runs[0][1] == 10 if replay is None else runs[0][1] > 15
+    assert not _prefetch_threads()

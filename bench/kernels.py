@@ -11,9 +11,8 @@ first setting's time to the second's measured in this invocation (> 1: the secon
 The learner update runs with TensorFlow's default threads (all cores), as the learner does;
 the actor step in a process of its own with 1 thread, as actors run (--actor_threads=1).
 Workloads: Pong at 84x84 (SimpleConvNetAgent, batch 32 x unroll 20, RMSProp, 1 pass; actor
-step with 32 envs), Pong's learning settings at 42x42 (bench/run.py PONG_LEARNS: batch 32 x
-unroll 32, Adam, 4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32
-envs), and CartPole (MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs).
+step with 32 envs), the Pong recipe at 42x42 (configs/pong.flags: batch 32 x unroll 32, Adam,
+4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32 envs), and CartPole (MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs).
 Writes bench/results/<machine>/<lever>.md.
 """
 import argparse
@@ -30,10 +29,7 @@ ROOT = os.path.dirname(HERE)
 WORKLOADS = {
     "pong": ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--batch_size=32",
              "--unroll_length=20", "--envs_per_actor=32"],
-    "pong42": ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--batch_size=32",
-               "--unroll_length=32", "--envs_per_actor=32", "--width=42", "--height=42", "--optimizer=adam",
-               "--num_sgd_iter=4", "--num_minibatches=4", "--clip_param=0.1", "--clip_ratio_to=batch_start",
-               "--normalize_advantages", "--vtrace_lambda=0.95"],
+    "pong42": ["--flagfile=" + os.path.join(ROOT, "configs", "pong.flags")],  # the Pong recipe
     "cartpole": ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=16",
                  "--envs_per_actor=16", "--optimizer=adam", "--num_sgd_iter=8", "--clip_param=0.2"],
 }

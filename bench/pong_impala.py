@@ -31,6 +31,18 @@ from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 import ceiling  # noqa: E402
 
 
+def expand_flagfiles(flags):
+    """The flags with each --flagfile=PATH replaced by the flags in that file (as absl reads it)."""
+    out = []
+    for f in flags:
+        if f.startswith("--flagfile="):
+            with open(os.path.join(ROOT, f.split("=", 1)[1])) as fh:
+                out += expand_flagfiles([ln.strip() for ln in fh if ln.strip().startswith("--")])
+        else:
+            out.append(f)
+    return out
+
+
 def main():
     obey_ctrl_c()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,7 +64,8 @@ def main():
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
 
-    screen = tuple(int(next((e.split("=")[1] for e in a.extra if e.startswith("--%s=" % k)), 84))
+    given = expand_flagfiles(a.extra)
+    screen = tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
                    for k in ("width", "height"))
     limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
     ceiling_fps = limit["limit"]

@@ -412,12 +412,8 @@ def suite_scaling(a, out):
 # The settings of the Pong run that learns (bench/results/2core-amd-epyc/pong_net42_const.md):
 # 42x42 frames with the fitted first conv, APPO (4 passes x 4 minibatches, ratio clipped against
 # the batch-start policy), constant Adam 5e-4, entropy 0.01.
-PONG_LEARNS = ["--actors", "2", "--envs_per_actor", "32", "--batch_size", "32", "--unroll_length", "32"] + [
-    "--extra=" + f for f in (
-        "--width=42", "--height=42", "--weight_init=orthogonal", "--optimizer=adam", "--learning_rate=0.0005",
-        "--learning_rate_decay=none", "--adam_epsilon=0.0026", "--gradients_clipping=128", "--num_sgd_iter=4",
-        "--num_minibatches=4", "--clip_param=0.1", "--clip_ratio_to=batch_start", "--normalize_advantages",
-        "--vtrace_lambda=0.95", "--entropy_cost=0.01")]
+PONG_LEARNS = ["--actors", "2", "--envs_per_actor", "32", "--batch_size", "32", "--unroll_length", "32",
+               "--extra=--flagfile=" + os.path.join(ROOT, "configs", "pong.flags")]  # the Pong recipe
 
 
 def suite_pong_long(a, out):

@@ -73,11 +73,14 @@ def main():
           % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
 
     logdir = tempfile.mkdtemp(prefix="pong_bench_")
-    flags = ["--level_name=" + a.level, "--agent_name=SimpleConvNetAgent",
-             "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
-             "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
-             "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed,
-             "--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + a.extra
+    # Defaults, then --extra's flagfiles (a recipe), then this run's own settings, then the other --extra.
+    flagfiles = [e for e in a.extra if e.startswith("--flagfile=")]
+    flags = ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + flagfiles + [
+        "--level_name=" + a.level, "--agent_name=SimpleConvNetAgent",
+        "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
+        "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
+        "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed] + [
+        e for e in a.extra if e not in flagfiles]
     t0 = time.time()
     interrupted = False
     hit = None  # the first metrics row at or above --stop_at_return

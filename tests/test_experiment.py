@@ -80,6 +80,20 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     assert not os.path.exists(tmp_path / "run"), "nothing may be started or written on bad input"
 
 
+def test_the_pong_recipe_is_a_valid_run():
+    """configs/pong.flags (the README's Pong recipe) parses and passes the run checks."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import experiment\n"
+            "experiment.FLAGS(['experiment.py', '--flagfile=%s/configs/pong.flags'])\n"
+            "experiment.validate_run()\n"
+            "F = experiment.FLAGS\n"
+            "print('recipe', F.level_name, F.width, F.num_sgd_iter, F.compute_dtype)\n" % (ROOT, ROOT))
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr
+    assert "recipe PongNoFrameskip-v4 42 4 bfloat16" in r.stdout
+
+
 @pytest.mark.parametrize("flag,expected", [([], True), (["--noonednn"], False)])
 def test_onednn_flag_reaches_tensorflow(flag, expected):
     """--onednn must be set before anything imports TensorFlow, which reads it only then:
@@ -230,10 +244,10 @@ def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import run as harness
     a = dict(zip(harness.PONG_LEARNS[0:8:2], harness.PONG_LEARNS[1:8:2]))
-    flags = ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--seed=1", "--log_every_s=10",
-             "--envs_per_actor=" + a["--envs_per_actor"], "--batch_size=" + a["--batch_size"],
-             "--unroll_length=" + a["--unroll_length"], "--queue_capacity=64", "--total_environment_frames=5000000",
-             "--env_backend=native"] + [f.split("=", 1)[1] for f in harness.PONG_LEARNS[8:]]
+    recipe = [f.split("=", 1)[1] for f in harness.PONG_LEARNS[8:]]  # --flagfile=configs/pong.flags
+    flags = recipe + ["--seed=1", "--log_every_s=10", "--envs_per_actor=" + a["--envs_per_actor"],
+                      "--batch_size=" + a["--batch_size"], "--unroll_length=" + a["--unroll_length"],
+                      "--total_environment_frames=5000000", "--env_backend=native"]
     logdir = str(tmp_path / "run")
     c = LocalCluster(int(a["--actors"]), _free_base_port(), flags, logdir).start()
     best = -21.0

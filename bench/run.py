@@ -116,10 +116,12 @@ def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=(
     summary = {}
     if os.path.exists(os.path.join(logdir, "summary.json")):
         summary = json.load(open(os.path.join(logdir, "summary.json")))
+    learner_log = os.path.join(logdir, "logs", "learner.log")
+    tail = open(learner_log).read()[-1500:] if os.path.exists(learner_log) else "(no learner log)"
     shutil.rmtree(logdir, ignore_errors=True)
     fps = [float(r["fps"]) for r in rows if float(r["time_s"]) >= 20]
     if not fps:
-        raise RuntimeError("IMPALA produced no progress lines after 20 s")
+        raise RuntimeError("IMPALA produced no progress lines after 20 s; the learner's log ends:\n" + tail)
     return statistics.median(fps), summary.get("time_breakdown", {})
 
 
@@ -178,7 +180,8 @@ def spread(xs):
 # Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
 # Actors: the native vector env (the default backend for Atari) in 2 groups that step while the
 # other infers (bench/actor_overlap.py); the Python backend is measured beside it as the before.
-OURS = (2, 32, [])  # actors, envs per actor, extra flags
+OURS = (3, 32, ["--compute_dtype=bfloat16"])  # actors, envs per actor, extra flags
+OURS_FLOAT32 = (2, 32, [])  # the layout and precision before the bfloat16 torso
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
@@ -208,7 +211,7 @@ def suite_throughput(a, out):
     failed = {"sf": [], "rllib": []}
     trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
     peer_info = {}
-    res = {"ceiling_python": [], "ceiling_native": [], "impala": [], "impala_python": [], "sb3_2": [],
+    res = {"ceiling_python": [], "ceiling_native": [], "impala": [], "impala_f32": [], "impala_python": [], "sb3_2": [],
            "sb3_16": [], "sf": [], "rllib": []}
     bottleneck = {}
     cores = os.cpu_count()
@@ -218,6 +221,9 @@ def suite_throughput(a, out):
         actors, envs, extra = OURS
         fps, bottleneck = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
         res["impala"].append(fps)
+        actors, envs, extra = OURS_FLOAT32
+        res["impala_f32"].append(impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port,
+                                            extra)[0])
         actors, envs, extra = OURS_PYTHON
         res["impala_python"].append(impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port,
                                                extra)[0])
@@ -243,9 +249,13 @@ def suite_throughput(a, out):
              res["ceiling_python"], "%.2f of the limit" % (med["ceiling_python"] / limit)),
             ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
              res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
-            ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in 2 groups"
-             % OURS[:2], res["impala"], "**%.2f of the limit**" % (med["impala"] / limit)),
-            ("ours with the Python env backend (before this change), 1 group", res["impala_python"],
+            ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in 2 groups, "
+             "bfloat16 torso" % OURS[:2], res["impala"], "**%.2f of the limit**" % (med["impala"] / limit)),
+            ("ours with %d actors x %d envs and the float32 torso (before the bfloat16 change)" % OURS_FLOAT32[:2],
+             res["impala_f32"], "%.2f of the limit; ours / this = %.2f" % (med["impala_f32"] / limit,
+                                                                         med["impala"] / med["impala_f32"])),
+            ("ours with the Python env backend (before the native backend), 2 actors, 1 group, float32",
+             res["impala_python"],
              "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,
                                                         med["impala"] / med["impala_python"]))]
     if peer_error is None:

@@ -309,7 +309,7 @@ def run(flags, task, log=print):
     agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype)
     variables = agent.trainable_variables
     set_weights = make_weight_setter(variables)
-    step = tf.function(lambda o, f, s: agent(o, f, s))
+    step = tf.function(lambda o, f, s: agent(o, f, s), autograph=False)  # faster trace; no tensor branches
     groups = make_groups(flags, task, agent, env_spec)
     n = E // len(groups)
     # Traced now, while the learner starts up, not when the first unroll should begin.

@@ -172,8 +172,10 @@ class Learner:
                                         update_step=self.update_step)
         self.ckpt_dir = os.path.join(logdir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=3)
-        self._train_step = tf.function(self._step)
-        self._logits_fn = tf.function(self._policy_logits)
+        # autograph=False: nothing here branches on tensors, and autograph's conversion of every
+        # function the update calls was most of CartPole's 4 s trace (bench/results/<machine>/startup.md).
+        self._train_step = tf.function(self._step, autograph=False)
+        self._logits_fn = tf.function(self._policy_logits, autograph=False)
         self.frames_per_unroll = flags.unroll_length * self.frames_per_step
         # Replay (--replay_parameters): None when the batch is all live unrolls.
         specs = replay_lib.parse_replay_parameters(flags.replay_parameters)
@@ -265,8 +267,11 @@ class Learner:
         # The figures of the first step: the batch (or its first minibatch) as it arrived. The
         # other steps run in a graph loop, so tracing costs the same for 2 steps as for 32.
         stats = sgd_step(tf.constant(0))
-        for i in tf.range(1, passes * parts):
+
+        def loop_body(i):
             sgd_step(i)
+            return i + 1
+        tf.while_loop(lambda i: i < passes * parts, loop_body, [tf.constant(1)])
         self.num_env_frames.assign_add(new_frames)
         self.update_step.assign_add(1)
         stats["learning_rate"] = self.learning_rate

@@ -1,0 +1,79 @@
+"""Where a learner's start-up goes: imports, building the learner, tracing the update, the
+first update (TensorFlow optimises the graph on its first run) and a steady update.
+
+  .venv/bin/python bench/startup.py cartpole pong42
+
+Each workload (bench/kernels.py's WORKLOADS) runs in a fresh process, as a learner starts.
+Writes bench/results/<machine>/startup.md.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def phases(argv):
+    """Seconds of each start-up phase, in this process."""
+    t0 = time.perf_counter()
+    sys.path.insert(0, ROOT)
+    import tensorflow as tf
+    from absl import flags
+    import experiment  # noqa: F401  (defines the flags)
+    import learner as learner_lib
+    t1 = time.perf_counter()
+    fl = flags.FLAGS
+    fl(["startup"] + argv)
+    lrn = learner_lib.Learner(fl, "/tmp/startup_bench_%d" % os.getpid(), 0, 1)
+    t2 = time.perf_counter()
+    lrn.warm_up()
+    t3 = time.perf_counter()
+    batch = {k: tf.constant(v) for k, v in lrn.zero_batch().items()}
+    frames = tf.constant(1, tf.int64)
+    lrn._train_step(batch, frames)["grad_norm"].numpy()
+    t4 = time.perf_counter()
+    lrn._train_step(batch, frames)["grad_norm"].numpy()
+    t5 = time.perf_counter()
+    return {"imports": t1 - t0, "build": t2 - t1, "trace": t3 - t2, "first update": t4 - t3,
+            "steady update": t5 - t4}
+
+
+def main():
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(phases(sys.argv[2:])), flush=True)
+        return 0
+    sys.path.insert(0, HERE)
+    import kernels
+    import run as harness
+    names = sys.argv[1:] or ["cartpole", "pong42"]
+    lines = ["| workload | " + " | ".join(["imports", "build", "trace", "first update", "steady update"]) + " |",
+             "|---|---|---|---|---|---|"]
+    for name in names:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        proc = subprocess.run([sys.executable, __file__, "--child"] + kernels.WORKLOADS[name], env=env,
+                              capture_output=True, text=True, timeout=600)
+        got = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not got:
+            raise SystemExit("bench/startup.py: %s failed:\n%s" % (name, proc.stderr[-2000:]))
+        t = json.loads(got[-1])
+        lines.append("| %s | %s |" % (name, " | ".join("%.2f s" % t[k] for k in
+                                                     ("imports", "build", "trace", "first update", "steady update"))))
+        print(lines[-1], flush=True)
+    out = harness.machine_dir()
+    os.makedirs(out, exist_ok=True)
+    info = harness.write_machine(out)
+    text = ["# Learner start-up, one fresh process per workload, %d cores, %s" % (info["cores"], info["cpu"]), ""]
+    text += lines + ["", "Command: `.venv/bin/python bench/startup.py %s`" % " ".join(names), "",
+                     harness.machine_line(info)]
+    path = os.path.join(out, "startup.md")
+    with open(path, "w") as f:
+        f.write("\n".join(text) + "\n")
+    print("wrote " + path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

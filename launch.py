@@ -171,7 +171,8 @@ def interrupt_script(plan, key) -> str:
 
 
 def finish_script(plan, key) -> str:
-    """TERM then KILL whatever of the run is left, close the session, print survivors."""
+    """TERM then KILL whatever of the run is left, let the panes' wrappers log the exit
+    statuses (up to 5 s), close the session, print survivors."""
     return prelude(plan, key) + """
 pids=$(run_pids | awk '{print $1}')
 if [ -n "$pids" ]; then
@@ -182,6 +183,11 @@ if [ -n "$pids" ]; then
   done
   [ -n "$left" ] && kill -KILL $left 2>/dev/null && sleep 0.3
 fi
+# Let each pane's wrapper write its "exited with status" line to the log before the session goes.
+for i in $(seq 50); do
+  $T list-panes -s -t "=$S" -F '#{pane_dead}' 2>/dev/null | grep -q '^0$' || break
+  sleep 0.1
+done
 $T kill-session -t "=$S" 2>/dev/null
 sleep 0.2
 for p in $pids; do alive "$p" && echo "left $p $(ps -o args= -p "$p" | cut -c1-120)"; done

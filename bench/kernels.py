@@ -53,33 +53,43 @@ def timed(fn, n, reps):
     return statistics.median(ts)
 
 
-def measure(part, argv, reps):
-    """In this process (the setting as the environment and argv say): seconds per update
-    (part update_s) or per actor step (part step_s, 1 TensorFlow thread)."""
+def make_learner(argv, tag):
+    """A Learner (rank 0 of 1) from experiment.py flags `argv`, in this process."""
     sys.path.insert(0, ROOT)
-    import numpy as np
-    import tensorflow as tf
-    if part == "step_s":
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
     from absl import flags
     import experiment  # noqa: F401  (defines the flags)
     import learner as learner_lib
-    fl = flags.FLAGS
-    fl(["kernels"] + argv)
-    lrn = learner_lib.Learner(fl, os.path.join("/tmp", "kernels_bench_%d" % os.getpid()), 0, 1)
+    flags.FLAGS([tag] + argv)
+    return learner_lib.Learner(flags.FLAGS, os.path.join("/tmp", "%s_bench_%d" % (tag, os.getpid())), 0, 1)
+
+
+def random_batch(lrn):
+    """A batch of the learner's shapes as its loop passes it: random frames and actions."""
+    import numpy as np
+    import tensorflow as tf
     rng = np.random.default_rng(0)
     batch = lrn.zero_batch()
     obs = batch["observation"]
     batch["observation"] = (rng.integers(0, 255, obs.shape) if obs.dtype == np.uint8
                             else rng.standard_normal(obs.shape)).astype(obs.dtype)
     batch["action"] = rng.integers(0, lrn.env_spec.num_actions, batch["action"].shape).astype(batch["action"].dtype)
-    batch = {k: tf.constant(v) for k, v in batch.items()}
+    return {k: tf.constant(v) for k, v in batch.items()}
+
+
+def measure(part, argv, reps):
+    """In this process (the setting as the environment and argv say): seconds per update
+    (part update_s) or per actor step (part step_s, 1 TensorFlow thread)."""
+    import tensorflow as tf
+    if part == "step_s":
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    lrn = make_learner(argv, "kernels")
+    batch = random_batch(lrn)
     if part == "update_s":
         frames = tf.constant(1, tf.int64)
         lrn._train_step(batch, frames)  # trace
         return timed(lambda: lrn._train_step(batch, frames)["grad_norm"].numpy(), 5, reps)
-    E = fl.envs_per_actor
+    E = lrn.flags.envs_per_actor
     step = tf.function(lambda o, f, s: lrn.agent(o, f, s))
     o = tf.constant(batch["observation"][0, :E])
     first = tf.zeros([E], tf.bool)
@@ -88,15 +98,20 @@ def measure(part, argv, reps):
     return timed(lambda: step(o, first, state)[0].action.numpy(), 50, reps)
 
 
-def run_child(lever, setting, workload, part, reps):
-    label, env, argv = setting
+def child_json(script, args, env, what):
+    """Runs `script args` in a fresh process; its last JSON line (SystemExit naming `what` on failure)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env)
-    proc = subprocess.run([sys.executable, __file__, lever, "--child", part, "--reps", str(reps)]
-                          + WORKLOADS[workload] + argv, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, script] + args, env=env, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit("bench/kernels.py: %s %s (%s) failed:\n%s" % (workload, part, label, proc.stderr[-2000:]))
-    return json.loads(lines[-1])[part]
+        raise SystemExit("%s: %s failed:\n%s" % (os.path.relpath(script, ROOT), what, proc.stderr[-2000:]))
+    return json.loads(lines[-1])
+
+
+def run_child(lever, setting, workload, part, reps):
+    label, env, argv = setting
+    return child_json(__file__, [lever, "--child", part, "--reps", str(reps)] + WORKLOADS[workload] + argv,
+                      env, "%s %s (%s)" % (workload, part, label))[part]
 
 
 def table(lever, res, rounds, info):

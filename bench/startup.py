@@ -8,12 +8,13 @@ Writes bench/results/<machine>/startup.md.
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import kernels  # noqa: E402  (stdlib only at import; the learner pieces come in the child)
 
 
 def phases(argv):
@@ -21,23 +22,21 @@ def phases(argv):
     t0 = time.perf_counter()
     sys.path.insert(0, ROOT)
     import tensorflow as tf
-    from absl import flags
     import experiment  # noqa: F401  (defines the flags)
-    import learner as learner_lib
+    import learner  # noqa: F401
     t1 = time.perf_counter()
-    fl = flags.FLAGS
-    fl(["startup"] + argv)
-    lrn = learner_lib.Learner(fl, "/tmp/startup_bench_%d" % os.getpid(), 0, 1)
+    lrn = kernels.make_learner(argv, "startup")
     t2 = time.perf_counter()
     lrn.warm_up()
     t3 = time.perf_counter()
-    batch = {k: tf.constant(v) for k, v in lrn.zero_batch().items()}
+    batch = kernels.random_batch(lrn)  # test data, not start-up: not timed
     frames = tf.constant(1, tf.int64)
+    t3b = time.perf_counter()
     lrn._train_step(batch, frames)["grad_norm"].numpy()
     t4 = time.perf_counter()
     lrn._train_step(batch, frames)["grad_norm"].numpy()
     t5 = time.perf_counter()
-    return {"imports": t1 - t0, "build": t2 - t1, "trace": t3 - t2, "first update": t4 - t3,
+    return {"imports": t1 - t0, "build": t2 - t1, "trace": t3 - t2, "first update": t4 - t3b,
             "steady update": t5 - t4}
 
 
@@ -46,19 +45,12 @@ def main():
         print(json.dumps(phases(sys.argv[2:])), flush=True)
         return 0
     sys.path.insert(0, HERE)
-    import kernels
     import run as harness
     names = sys.argv[1:] or ["cartpole", "pong42"]
     lines = ["| workload | " + " | ".join(["imports", "build", "trace", "first update", "steady update"]) + " |",
              "|---|---|---|---|---|---|"]
     for name in names:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        proc = subprocess.run([sys.executable, __file__, "--child"] + kernels.WORKLOADS[name], env=env,
-                              capture_output=True, text=True, timeout=600)
-        got = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not got:
-            raise SystemExit("bench/startup.py: %s failed:\n%s" % (name, proc.stderr[-2000:]))
-        t = json.loads(got[-1])
+        t = kernels.child_json(__file__, ["--child"] + kernels.WORKLOADS[name], {"CUDA_VISIBLE_DEVICES": ""}, name)
         lines.append("| %s | %s |" % (name, " | ".join("%.2f s" % t[k] for k in
                                                      ("imports", "build", "trace", "first update", "steady update"))))
         print(lines[-1], flush=True)

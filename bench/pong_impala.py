@@ -64,15 +64,6 @@ def main():
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
 
-    given = expand_flagfiles(a.extra)
-    screen = tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
-                   for k in ("width", "height"))
-    limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
-    ceiling_fps = limit["limit"]
-    print("ceiling at %dx%d: %d processes step %s at %.0f frames/s, the native vector env at %.0f"
-          % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
-
-    logdir = tempfile.mkdtemp(prefix="pong_bench_")
     # Defaults, then --extra's flagfiles (a recipe), then this run's own settings, then the other --extra.
     flagfiles = [e for e in a.extra if e.startswith("--flagfile=")]
     flags = ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + flagfiles + [
@@ -81,6 +72,16 @@ def main():
         "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
         "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed] + [
         e for e in a.extra if e not in flagfiles]
+    # The frame size the run will use: the last --width/--height of its flags as absl reads them.
+    given = expand_flagfiles(flags)
+    screen = tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
+                   for k in ("width", "height"))
+    limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
+    ceiling_fps = limit["limit"]
+    print("ceiling at %dx%d: %d processes step %s at %.0f frames/s, the native vector env at %.0f"
+          % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
+
+    logdir = tempfile.mkdtemp(prefix="pong_bench_")
     t0 = time.time()
     interrupted = False
     hit = None  # the first metrics row at or above --stop_at_return

@@ -218,15 +218,12 @@ def suite_throughput(a, out):
     for rep in range(a.repeats):
         res["ceiling_python"].append(ceiling.python_fps(level, cores, 20))
         res["ceiling_native"].append(ceiling.native_fps(level, cores, 20))
-        actors, envs, extra = OURS
-        fps, bottleneck = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
-        res["impala"].append(fps)
-        actors, envs, extra = OURS_FLOAT32
-        res["impala_f32"].append(impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port,
-                                            extra)[0])
-        actors, envs, extra = OURS_PYTHON
-        res["impala_python"].append(impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port,
-                                               extra)[0])
+        for key, (actors, envs, extra) in (("impala", OURS), ("impala_f32", OURS_FLOAT32),
+                                           ("impala_python", OURS_PYTHON)):
+            fps, breakdown = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
+            res[key].append(fps)
+            if key == "impala":
+                bottleneck = breakdown
         if peer_error is None:
             res["sb3_2"].append(sb3(["throughput", "--n_envs=2", "--seconds=%g" % a.seconds],
                                     a.seconds + 300)["frames_per_s"])

@@ -185,7 +185,10 @@ class UsageError(Exception):
 
 
 def log(msg):
-    print(msg, flush=True)
+    """One write per line: under PYTHONUNBUFFERED print() writes the text and the
+    newline separately, and another MPI rank's line can land between them."""
+    sys.stdout.write("%s\n" % msg)
+    sys.stdout.flush()
 
 
 # ----------------------------------------------------------------- run folder

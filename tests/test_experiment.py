@@ -206,7 +206,7 @@ def test_two_horovod_ranks_hold_identical_weights(tmp_path):
     finally:
         c.stop()
     log = open(os.path.join(logdir, "logs", "learner.log")).read()
-    sums = dict(re.findall(r"\[learner (\d)\] final weights sha256 (\w+)", log))
+    sums = dict(re.findall(r"\[learner (\d)\] final weights sha256 ([0-9a-f]{64})", log))
     assert set(sums) == {"0", "1"}, log
     assert sums["0"] == sums["1"]
     updates = re.findall(r"\[learner \d\] .* after (\d+) frames", log)

@@ -12,6 +12,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu_split  # noqa: E402
 import run as harness  # noqa: E402
 
 
@@ -20,7 +21,8 @@ def main():
     for layout in layouts:
         actors, envs, extra = int(layout[0]), int(layout[1]), layout[2:]
         fps, tb = harness.impala_fps("PongNoFrameskip-v4", "SimpleConvNetAgent", actors, envs, seconds, 19300, extra)
-        print("%s: %.0f fps | %s" % (layout, fps, tb), flush=True)
+        cpu = cpu_split.report(tb.pop("cpu", {}))
+        print("%s: %.0f fps | %s\n    CPU: %s" % (layout, fps, tb, cpu), flush=True)
     return 0
 
 

@@ -31,6 +31,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
+import cpu_split  # noqa: E402
 
 SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
 SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
@@ -107,8 +108,12 @@ def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=(
              "--total_environment_frames=1000000000", "--entropy_cost=0.01", "--learning_rate=0.0006"]
     cluster = LocalCluster(actors, base_port, flags + list(extra), logdir)
     cluster.start()
+    roles = lambda: {"learner": [cluster.learner.pid], "actors": [p.pid for p in cluster.actor_procs]}
     try:
-        time.sleep(seconds + 20)
+        time.sleep(20)
+        before = cpu_split.snapshot(roles())
+        time.sleep(seconds)
+        shares = cpu_split.split(before, cpu_split.snapshot(roles()))
     finally:
         cluster.stop()
     rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv")))) if os.path.exists(
@@ -122,7 +127,7 @@ def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=(
     fps = [float(r["fps"]) for r in rows if float(r["time_s"]) >= 20]
     if not fps:
         raise RuntimeError("IMPALA produced no progress lines after 20 s; the learner's log ends:\n" + tail)
-    return statistics.median(fps), summary.get("time_breakdown", {})
+    return statistics.median(fps), dict(summary.get("time_breakdown", {}), cpu=shares)
 
 
 def ensure_peer(which):
@@ -329,7 +334,9 @@ def where_time_goes(tb):
                 tb.get("bottleneck"), 100 * tb.get("learner_learn_s", 0) / max(tb.get("elapsed_s", 1), 1e-9),
                 100 * tb.get("learner_wait_s", 0) / max(tb.get("elapsed_s", 1), 1e-9),
                 100 * tb.get("actor_env_share", 0), 100 * tb.get("actor_inference_share", 0),
-                100 * tb.get("actor_transfer_share", 0)))
+                100 * tb.get("actor_transfer_share", 0))) + (
+        " The cores' time over the measured window (CPU seconds / wall seconds / cores): %s."
+        % cpu_split.report(tb["cpu"]) if tb.get("cpu") else "")
 
 
 def suite_cartpole(a, out):

@@ -1,0 +1,70 @@
+"""Pong frames/s against the number of actor processes on one machine with many cores: the two env
+ceilings of all its cores, then our IMPALA end to end (1 learner on the CPU, native env backend)
+for each actor count, with where the CPU went in each run. For the lent 16-core machine, or
+any host bigger than the 2-core development one.
+
+  .venv/bin/python bench/many_cores.py --actor_counts 1 2 4 8 14 --seconds 30
+
+Writes <out>/many_cores.md (default bench/results/<machine>/), one row per actor count as it
+finishes, so a run cut short keeps what it measured.
+"""
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import ceiling  # noqa: E402
+import cpu_split  # noqa: E402
+import run as harness  # noqa: E402
+
+LEVEL = "PongNoFrameskip-v4"
+
+
+def write(path, head, rows, tail):
+    with open(path, "w") as f:
+        f.write("\n".join(head + rows + tail) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4, 8, 14])
+    p.add_argument("--envs_per_actor", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--extra", action="append", default=["--compute_dtype=bfloat16"],
+                   help="one more experiment.py flag (repeatable); bfloat16 torso by default")
+    p.add_argument("--base_port", type=int, default=24500)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    out = a.out or harness.machine_dir()
+    os.makedirs(out, exist_ok=True)
+    info = harness.write_machine(out)
+    cores = os.cpu_count()
+    py, native = ceiling.python_fps(LEVEL, cores, 20), ceiling.native_fps(LEVEL, cores, 20, env_counts=(64, 128))
+    limit = max(py, native)
+    head = ["# Many cores: Pong frames/s against actor processes, %d cores, %s" % (cores, info["cpu"]), "",
+            "84x84 frames, frame skip 4, 1 learner (CPU; batch 32 x unroll 20, one pass) + N actors x %d envs, "
+            "%s; %.0f s measured after 20 s of warm-up, one run each, in the order given." % (
+                a.envs_per_actor, " ".join(a.extra), a.seconds), "",
+            "Env ceilings of all %d cores: %d Python processes %.0f frames/s; ale-py's native vector env "
+            "(%d threads, 64 or 128 envs) %.0f frames/s: the limit is %.0f." % (cores, cores, py, cores, native, limit),
+            "", "| actors | frames/s | of the limit | learner waited for data | where the CPU went |",
+            "|---|---|---|---|---|"]
+    tail = ["", "Command: `%s`" % " ".join(["bench/many_cores.py"] + sys.argv[1:]), "", harness.machine_line(info),
+            "Date: %s" % info["date"]]
+    rows, path = [], os.path.join(out, "many_cores.md")
+    for n in a.actor_counts:
+        t0 = time.time()
+        fps, tb = harness.impala_fps(LEVEL, "SimpleConvNetAgent", n, a.envs_per_actor, a.seconds, a.base_port, a.extra)
+        waited = 100 * tb.get("learner_wait_s", 0) / max(tb.get("elapsed_s", 1), 1e-9)
+        rows.append("| %d | %.0f | %.2f | %.0f %% | %s |" % (n, fps, fps / limit, waited,
+                                                            cpu_split.report(tb.get("cpu", {}))))
+        print("%s (%.0f s)" % (rows[-1], time.time() - t0), flush=True)
+        write(path, head, rows, tail)
+    print("\n".join(head + rows + tail))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -192,7 +192,7 @@ class PPO:
         return [np.concatenate(x) for x in zip(*parts)]
 
     def update(self, rollouts, params):
-        args = self.args
+        """One iteration's update; returns its stats (a progress.csv row's learning columns)."""
         for r in rollouts:
             if r["version"] != params["version"]:
                 raise ValueError(f"rollout of sampler {r['rank']} has policy version {r['version']}, "
@@ -203,35 +203,8 @@ class PPO:
         old_logp = gaussian_log_prob(act, old_mean, old_logvar).numpy()
         batch = [tf.constant(x) for x in (obs, act, adv, old_mean, old_logvar, old_logp)]
         self.lr.assign(self.base_lr * self.lr_multiplier)
-
-        epochs_run = 0
-        if args.loss == "kl":
-            for _ in range(args.policy_epochs):
-                self._kl_step(*batch, tf.constant(self.beta, tf.float32))
-                epochs_run += 1
-                kl = float(self._policy_stats(*batch)[0])
-                if kl > 4.0 * args.kl_targ:
-                    break  # far past the target: stop early
-            if kl > 2.0 * args.kl_targ:
-                self.beta = min(BETA_RANGE[1], 1.5 * self.beta)
-                if self.beta > 30.0 and self.lr_multiplier > LR_MULTIPLIER_RANGE[0]:
-                    self.lr_multiplier /= 1.5
-            elif kl < 0.5 * args.kl_targ:
-                self.beta = max(BETA_RANGE[0], self.beta / 1.5)
-                if self.beta < 1.0 / 30.0 and self.lr_multiplier < LR_MULTIPLIER_RANGE[1]:
-                    self.lr_multiplier *= 1.5
-        else:
-            n, size = len(obs), min(args.clip_minibatch, len(obs))
-            for _ in range(args.clip_epochs):
-                order = self.rng.permutation(n)
-                for start in range(0, n - size + 1, size):
-                    idx = order[start:start + size]
-                    self._clip_step(*(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))
-                epochs_run += 1
-                if args.target_kl and float(self._policy_stats(*batch)[0]) > args.target_kl:
-                    break
+        epochs_run = self._update_policy(batch)
         kl, entropy, policy_loss, clip_fraction = (float(x) for x in self._policy_stats(*batch))
-
         value_loss = self._fit_value(obs, ret)
         explained = 1.0 - np.var(ret - values) / (np.var(ret) + 1e-8)
         self.normaliser.update(np.concatenate([r["obs"] for r in rollouts]))
@@ -239,6 +212,48 @@ class PPO:
         return {"kl": kl, "entropy": entropy, "beta": self.beta, "lr_multiplier": self.lr_multiplier,
                 "policy_epochs": epochs_run, "clip_fraction": clip_fraction, "policy_loss": policy_loss,
                 "value_loss": value_loss, "explained_variance": float(explained)}
+
+    def _update_policy(self, batch):
+        """--loss kl or --loss clip; returns the number of epochs run."""
+        if self.args.loss == "kl":
+            return self._kl_epochs(batch)
+        return self._minibatch_epochs(batch, lambda idx: self._clip_step(
+            *(tf.gather(batch[i], idx) for i in (0, 1, 2, 5))))
+
+    def _kl_epochs(self, batch):
+        """Up to --policy_epochs full-batch steps, then beta and the learning rate adapt."""
+        args = self.args
+        epochs_run = 0
+        for _ in range(args.policy_epochs):
+            self._kl_step(*batch, tf.constant(self.beta, tf.float32))
+            epochs_run += 1
+            kl = float(self._policy_stats(*batch)[0])
+            if kl > 4.0 * args.kl_targ:
+                break  # far past the target: stop early
+        if kl > 2.0 * args.kl_targ:
+            self.beta = min(BETA_RANGE[1], 1.5 * self.beta)
+            if self.beta > 30.0 and self.lr_multiplier > LR_MULTIPLIER_RANGE[0]:
+                self.lr_multiplier /= 1.5
+        elif kl < 0.5 * args.kl_targ:
+            self.beta = max(BETA_RANGE[0], self.beta / 1.5)
+            if self.beta < 1.0 / 30.0 and self.lr_multiplier < LR_MULTIPLIER_RANGE[1]:
+                self.lr_multiplier *= 1.5
+        return epochs_run
+
+    def _minibatch_epochs(self, batch, step):
+        """--clip_epochs passes, each calling step(indices) on shuffled minibatches of
+        --clip_minibatch (a remainder left out); stops early above --target_kl."""
+        args = self.args
+        n, size = len(batch[0]), min(args.clip_minibatch, len(batch[0]))
+        epochs_run = 0
+        for _ in range(args.clip_epochs):
+            order = self.rng.permutation(n)
+            for start in range(0, n - size + 1, size):
+                step(order[start:start + size])
+            epochs_run += 1
+            if args.target_kl and float(self._policy_stats(*batch)[0]) > args.target_kl:
+                break
+        return epochs_run
 
     def _fit_value(self, obs, targets):
         """Minibatch regression on this batch plus the previous one."""

@@ -5,7 +5,7 @@ One iteration:
   1. params = agent.params(): policy weights + observation-normaliser stats + version
   2. rollouts = samplers.collect(params, batch_size): exactly -b env steps in all
   3. agent.update(rollouts, params):
-       obs normalised with the stats in params (what the samplers used)
+       obs normalised with the stats in params (what the samplers used), clipped to +-10
        GAE(gamma 0.995, lambda 0.98) on rewards * (1 - gamma), bootstrapping V at truncations
        policy update: --loss kl (WALL-E; default) or --loss clip
        value fit on this batch and the previous one (10 epochs, minibatch 256)
@@ -18,6 +18,14 @@ stopping early once KL > 4 * kl_targ; then beta (and the learning rate, when
 beta saturates) adapt so that KL stays near kl_targ (0.003).
 --loss clip: the clipped surrogate -mean(min(ratio * A, clip(ratio, 1 +- eps) * A)),
 --clip_epochs passes over shuffled minibatches of --clip_minibatch.
+
+rl-baselines3-zoo's tuned SB3 PPO (bench/ppo_halfcheetah.py's `zoo` variant)
+runs with these options, all off by default:
+  --hidden 256,256 --activation relu --log_std_init -2   SB3's MlpPolicy nets
+      (nets/gaussian.py: torch-default init, a plain log-std variable)
+  --norm_reward   GAE on rewards / running std of the discounted return, clipped
+      to +-10 (SB3's VecNormalize; RewardNormaliser, in the learner)
+The observation normaliser stays per iteration (SB3 updates it at every step).
 
 Writes <logdir>/progress.csv (one row per iteration) and TensorBoard scalars.
 """
@@ -41,6 +49,7 @@ KL_HINGE_COEF = 50.0  # "eta": weight of the hinge on KL above 2 * kl_targ
 BETA_RANGE = (1.0 / 35.0, 35.0)
 LR_MULTIPLIER_RANGE = (0.1, 10.0)
 VALUE_MINIBATCH = 256
+REWARD_CLIP = 10.0  # --norm_reward: SB3 VecNormalize's clip_reward
 PROGRESS_FIELDS = [
     "iteration", "steps", "time", "episodes", "return_mean", "return_last10", "episode_length",
     "collect_time", "learn_time", "collect_share", "learn_share", "steps_per_s",
@@ -50,16 +59,19 @@ PROGRESS_FIELDS = [
 
 
 # ---------------------------------------------------------------------------
-# Observation normaliser and GAE (numpy).
+# Observation and reward normalisers, GAE (numpy).
 
 
 class RunningMeanStd:
-    """Running mean and variance of observations (parallel update of Chan et al.)."""
+    """Running mean and variance (parallel update of Chan et al.) of observations
+    (dim = obs_dim) or of a scalar (dim = ()). count > 0 starts from a prior of
+    mean 0, variance 1 weighing `count` samples, as SB3's RunningMeanStd (1e-4);
+    count 0 takes the first batch's moments as they are."""
 
-    def __init__(self, dim):
+    def __init__(self, dim, count=0.0):
         self.mean = np.zeros(dim, np.float64)
         self.var = np.ones(dim, np.float64)
-        self.count = 0
+        self.count = count
 
     def update(self, x):
         x = np.asarray(x, np.float64)
@@ -77,6 +89,41 @@ class RunningMeanStd:
 
     def std(self):
         return np.sqrt(self.var + 1e-8)
+
+
+class RewardNormaliser:
+    """--norm_reward: SB3 VecNormalize's reward scaling, in the learner.
+
+    Per sampler (its rank), ret = gamma * ret + reward at each step, reset to 0
+    when an episode ends (terminated or time limit; not at the cut between two
+    iterations, where the episode goes on). One running variance of ret over all
+    samplers (prior count 1e-4, as SB3); each reward is divided by its std,
+    updated with that step first, and clipped to +-REWARD_CLIP. Step t of every
+    sampler's rollout is one update, as VecNormalize over n envs would do it.
+    The samplers only collect raw rewards: one statistic for the whole run,
+    whatever -n, and the same numbers as one sampler stepping n envs.
+    """
+
+    def __init__(self, gamma, clip=REWARD_CLIP):
+        self.gamma, self.clip = gamma, clip
+        self.rms = RunningMeanStd((), count=1e-4)
+        self.returns = {}  # sampler rank -> discounted return of its episode so far
+
+    def __call__(self, rollouts):
+        """Normalised rewards, one float32 array per rollout; updates the statistics."""
+        out = [np.empty(len(r["reward"]), np.float32) for r in rollouts]
+        ends = [r["terminated"] | r["truncated"] for r in rollouts]
+        for end, r in zip(ends, rollouts):
+            end[-1] = end[-1] and not r["cut"]
+        for t in range(max(len(r["reward"]) for r in rollouts)):
+            live = [i for i, r in enumerate(rollouts) if t < len(r["reward"])]
+            rets = np.array([self.gamma * self.returns.get(rollouts[i]["rank"], 0.0)
+                             + float(rollouts[i]["reward"][t]) for i in live])
+            self.rms.update(rets)
+            for i, ret in zip(live, rets):
+                out[i][t] = np.clip(rollouts[i]["reward"][t] / self.rms.std(), -self.clip, self.clip)
+                self.returns[rollouts[i]["rank"]] = 0.0 if ends[i][t] else ret
+        return out
 
 
 def compute_gae(rewards, values, next_values, dones, gamma, lam):
@@ -106,9 +153,13 @@ class PPO:
         self.args = args
         tf.random.set_seed(args.seed)
         self.rng = np.random.default_rng(args.seed)
-        self.policy = GaussianPolicy(obs_dim, act_dim, hid_mult=args.hid_mult, init_logvar=args.init_logvar)
-        self.value = ValueNet(obs_dim, hid_mult=args.hid_mult)
+        hidden = parse_hidden(args.hidden)
+        self.policy = GaussianPolicy(obs_dim, act_dim, hid_mult=args.hid_mult, init_logvar=args.init_logvar,
+                                     hidden=hidden, activation=args.activation,
+                                     log_std_init=0.0 if args.log_std_init is None else args.log_std_init)
+        self.value = ValueNet(obs_dim, hid_mult=args.hid_mult, hidden=hidden, activation=args.activation)
         self.normaliser = RunningMeanStd(obs_dim)
+        self.reward_normaliser = RewardNormaliser(args.gamma) if args.norm_reward else None
         default_lr = 9e-4 / math.sqrt(self.policy.widths[1]) if args.loss == "kl" else 3e-4
         self.base_lr = args.policy_lr or default_lr
         self.lr = tf.Variable(self.base_lr, trainable=False, dtype=tf.float32)
@@ -127,7 +178,7 @@ class PPO:
         """What the samplers need: numpy weights, normaliser stats and the version."""
         return dict(self.policy.numpy_params(), version=self.version,
                     obs_mean=self.normaliser.mean.astype(np.float32),
-                    obs_std=self.normaliser.std().astype(np.float32))
+                    obs_std=self.normaliser.std().astype(np.float32), obs_clip=self.args.obs_clip)
 
     # -- losses, one tf.function step each --------------------------------
 
@@ -171,23 +222,30 @@ class PPO:
 
     # -- one update from one iteration's rollouts ---------------------------
 
+    def _rewards(self, rollouts):
+        """Rewards for GAE: WALL-E's reward * (1 - gamma), or --norm_reward's normalised rewards."""
+        if self.reward_normaliser is not None:
+            return self.reward_normaliser(rollouts)
+        return [r["reward"] * (1.0 - self.args.gamma) for r in rollouts]
+
     def _advantages(self, rollouts, params):
         """Normalised obs, actions, advantages and value targets, over all rollouts."""
         gamma, lam = self.args.gamma, self.args.lam
+        norm = (params["obs_mean"], params["obs_std"], params["obs_clip"])
         parts = []
-        for r in rollouts:
-            obs = samplers_lib.normalise_obs(r["obs"], params["obs_mean"], params["obs_std"])
+        for r, rewards in zip(rollouts, self._rewards(rollouts)):
+            obs = samplers_lib.normalise_obs(r["obs"], *norm)
             values = self._values(obs).numpy()
             next_values = np.zeros_like(values)
             next_values[:-1] = values[1:]
             next_values[r["terminated"]] = 0.0
             if len(r["bootstrap_obs"]):
-                boot = samplers_lib.normalise_obs(r["bootstrap_obs"], params["obs_mean"], params["obs_std"])
+                boot = samplers_lib.normalise_obs(r["bootstrap_obs"], *norm)
                 next_values[r["truncated"]] = self._values(boot).numpy()
             dones = (r["terminated"] | r["truncated"]).astype(np.float32)
             if not dones[-1]:
                 raise ValueError(f"rollout of sampler {r['rank']} does not end terminated or truncated")
-            adv, ret = compute_gae(r["reward"] * (1.0 - gamma), values, next_values, dones, gamma, lam)
+            adv, ret = compute_gae(rewards, values, next_values, dones, gamma, lam)
             parts.append((obs, r["action"], adv, ret, values))
         return [np.concatenate(x) for x in zip(*parts)]
 
@@ -277,6 +335,19 @@ class PPO:
 # Flags and the training loop.
 
 
+def parse_hidden(text):
+    """--hidden "256,256" -> (256, 256); "" -> None (WALL-E's widths from --hid_mult)."""
+    if not text.strip():
+        return None
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--hidden must be comma-separated positive widths such as 256,256, got {text!r}")
+    return widths
+
+
 def add_arguments(parser, default_batch_size, default_num_samplers):
     parser.add_argument("env_name", help="gymnasium id of a continuous-action env, e.g. HalfCheetah-v5")
     parser.add_argument("-it", "--iterations", type=int, default=1000, help="training iterations")
@@ -302,7 +373,17 @@ def add_arguments(parser, default_batch_size, default_num_samplers):
     parser.add_argument("--value_lr", type=float, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
     parser.add_argument("--value_epochs", type=int, default=10)
     parser.add_argument("--hid_mult", type=int, default=10, help="hidden width multiplier")
-    parser.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance")
+    parser.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance (WALL-E's nets)")
+    parser.add_argument("--hidden", default="", help="hidden widths of both nets, e.g. 256,256: SB3's MlpPolicy "
+                        "(torch-default init, --log_std_init); empty: WALL-E's widths from --hid_mult")
+    parser.add_argument("--activation", choices=("tanh", "relu"), default="tanh", help="hidden nonlinearity")
+    parser.add_argument("--log_std_init", type=float, default=None,
+                        help="initial policy log-std, a plain variable (--hidden only; unset: 0.0)")
+    parser.add_argument("--obs_clip", type=float, default=samplers_lib.OBS_CLIP,
+                        help="normalised observations are clipped to +-this")
+    parser.add_argument("--norm_reward", action="store_true",
+                        help="rewards / running std of the discounted return (SB3 VecNormalize), clipped to "
+                             f"+-{REWARD_CLIP:g}, instead of rewards * (1 - gamma)")
     parser.add_argument("--seed", type=int, default=0, help="sampler k uses seed + k")
     parser.add_argument("--logdir", default="", help="run folder (default results/ppo_<env>_<unix time>)")
     parser.add_argument("--sampler_timeout", type=float, default=600.0,
@@ -321,12 +402,13 @@ def check_arguments(parser, args):
     for name in ("gamma", "lam"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout"):
+    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
     for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+    _check_net(parser, args)
     if 0 < args.max_steps < args.batch_size:
         parser.error(f"--max_steps ({args.max_steps}) must be 0 (no limit) or >= -b/--batch_size ({args.batch_size})")
     if args.batch_size < args.num_samplers:
@@ -340,6 +422,16 @@ def check_arguments(parser, args):
         parser.error(f"env {args.env_name!r} has {'discrete actions' if spec.discrete else 'image observations'}; "
                      f"this PPO needs vector observations and continuous actions (e.g. HalfCheetah-v5, Pendulum-v1)")
     return spec
+
+
+def _check_net(parser, args):
+    """--hidden's widths; --log_std_init only with --hidden."""
+    try:
+        hidden = parse_hidden(args.hidden)
+    except ValueError as e:
+        parser.error(str(e))
+    if hidden is None and args.log_std_init is not None:
+        parser.error("--log_std_init needs --hidden (WALL-E's nets take --init_logvar)")
 
 
 def _interrupt(signum, frame):

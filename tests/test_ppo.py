@@ -30,7 +30,8 @@ def make_params(version, seed=0, logvar=-1.0):
     layers = [(rng.normal(0, 1 / np.sqrt(i), (i, o)).astype(np.float32), rng.normal(0, 0.1, o).astype(np.float32))
               for i, o in zip(widths[:-1], widths[1:])]
     return {"version": version, "layers": layers, "logvar": np.full(ACT_DIM, logvar, np.float32),
-            "obs_mean": np.zeros(OBS_DIM, np.float32), "obs_std": np.ones(OBS_DIM, np.float32)}
+            "activation": "tanh", "obs_mean": np.zeros(OBS_DIM, np.float32),
+            "obs_std": np.ones(OBS_DIM, np.float32), "obs_clip": samplers.OBS_CLIP}
 
 
 def agent_args(**overrides):

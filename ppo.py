@@ -25,6 +25,10 @@ runs with these options, all off by default:
       (nets/gaussian.py: torch-default init, a plain log-std variable)
   --norm_reward   GAE on rewards / running std of the discounted return, clipped
       to +-10 (SB3's VecNormalize; RewardNormaliser, in the learner)
+  --value_fit joint (--loss clip)   one Adam (--adam_eps) over both nets on
+      clipped surrogate - ent_coef * entropy + vf_coef * value MSE per minibatch,
+      advantages normalised per minibatch, one global-norm gradient clip;
+      no separate value fit
 The observation normaliser stays per iteration (SB3 updates it at every step).
 
 Writes <logdir>/progress.csv (one row per iteration) and TensorBoard scalars.
@@ -160,19 +164,29 @@ class PPO:
         self.value = ValueNet(obs_dim, hid_mult=args.hid_mult, hidden=hidden, activation=args.activation)
         self.normaliser = RunningMeanStd(obs_dim)
         self.reward_normaliser = RewardNormaliser(args.gamma) if args.norm_reward else None
-        default_lr = 9e-4 / math.sqrt(self.policy.widths[1]) if args.loss == "kl" else 3e-4
-        self.base_lr = args.policy_lr or default_lr
-        self.lr = tf.Variable(self.base_lr, trainable=False, dtype=tf.float32)
-        self.policy_opt = snt.optimizers.Adam(self.lr)
-        self.value_opt = snt.optimizers.Adam(args.value_lr or (1e-2 / math.sqrt(self.value.widths[1])))
+        self._make_optimizers()
         self.beta, self.lr_multiplier, self.version = 1.0, 1.0, 0
         self.previous = None  # last batch's (obs, value targets): replayed in the value fit
         self._kl_step = tf.function(self._kl_step_impl, reduce_retracing=True)
         self._clip_step = tf.function(self._clip_step_impl, reduce_retracing=True)
+        self._joint_step = tf.function(self._joint_step_impl, reduce_retracing=True)
         self._value_step = tf.function(self._value_step_impl, reduce_retracing=True)
         self._policy_stats = tf.function(self._policy_stats_impl, reduce_retracing=True)
         self._values = tf.function(self.value, reduce_retracing=True)
         self._policy_dist = tf.function(self.policy, reduce_retracing=True)
+
+    def _make_optimizers(self):
+        """--value_fit separate: a policy Adam and a value Adam; joint: one Adam over both nets."""
+        args = self.args
+        default_lr = 9e-4 / math.sqrt(self.policy.widths[1]) if args.loss == "kl" else 3e-4
+        self.base_lr = args.policy_lr or default_lr
+        self.lr = tf.Variable(self.base_lr, trainable=False, dtype=tf.float32)
+        if args.value_fit == "joint":
+            self.joint_opt = snt.optimizers.Adam(self.lr, epsilon=args.adam_eps)
+            return
+        self.policy_opt = snt.optimizers.Adam(self.lr, epsilon=args.adam_eps)
+        value_lr = args.value_lr or (1e-2 / math.sqrt(self.value.widths[1]))
+        self.value_opt = snt.optimizers.Adam(value_lr, epsilon=args.adam_eps)
 
     def params(self):
         """What the samplers need: numpy weights, normaliser stats and the version."""
@@ -212,6 +226,30 @@ class PPO:
         grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), self.args.max_grad_norm)
         self.policy_opt.apply(grads, variables)
         return loss
+
+    def _joint_loss(self, obs, act, adv, old_logp, ret):
+        """SB3's PPO loss on one minibatch: advantages normalised here (unbiased std),
+        clipped surrogate - ent_coef * entropy + vf_coef * unclipped value MSE."""
+        args = self.args
+        adv_mean, adv_var = tf.nn.moments(adv, axes=[0])
+        n = tf.cast(tf.size(adv), tf.float32)
+        adv = (adv - adv_mean) / (tf.sqrt(adv_var * n / (n - 1.0)) + 1e-8)
+        mean, logvar = self.policy(obs)
+        ratio = tf.exp(gaussian_log_prob(act, mean, logvar) - old_logp)
+        clipped = tf.clip_by_value(ratio, 1.0 - args.clip, 1.0 + args.clip)
+        policy_loss = -tf.reduce_mean(tf.minimum(ratio * adv, clipped * adv))
+        value_loss = tf.reduce_mean(tf.square(ret - self.value(obs)))
+        loss = policy_loss - args.ent_coef * gaussian_entropy(logvar) + args.vf_coef * value_loss
+        return loss, value_loss
+
+    def _joint_step_impl(self, obs, act, adv, old_logp, ret):
+        """One Adam step on both nets, gradients clipped to --max_grad_norm by their global norm."""
+        with tf.GradientTape() as tape:
+            loss, value_loss = self._joint_loss(obs, act, adv, old_logp, ret)
+        variables = self.policy.trainable_variables + self.value.trainable_variables
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), self.args.max_grad_norm)
+        self.joint_opt.apply(grads, variables)
+        return loss, value_loss
 
     def _value_step_impl(self, obs, targets):
         with tf.GradientTape() as tape:
@@ -261,9 +299,10 @@ class PPO:
         old_logp = gaussian_log_prob(act, old_mean, old_logvar).numpy()
         batch = [tf.constant(x) for x in (obs, act, adv, old_mean, old_logvar, old_logp)]
         self.lr.assign(self.base_lr * self.lr_multiplier)
-        epochs_run = self._update_policy(batch)
+        epochs_run, value_loss = self._update_policy(batch, tf.constant(ret))
         kl, entropy, policy_loss, clip_fraction = (float(x) for x in self._policy_stats(*batch))
-        value_loss = self._fit_value(obs, ret)
+        if self.args.value_fit == "separate":
+            value_loss = self._fit_value(obs, ret)
         explained = 1.0 - np.var(ret - values) / (np.var(ret) + 1e-8)
         self.normaliser.update(np.concatenate([r["obs"] for r in rollouts]))
         self.version += 1
@@ -271,12 +310,22 @@ class PPO:
                 "policy_epochs": epochs_run, "clip_fraction": clip_fraction, "policy_loss": policy_loss,
                 "value_loss": value_loss, "explained_variance": float(explained)}
 
-    def _update_policy(self, batch):
-        """--loss kl or --loss clip; returns the number of epochs run."""
+    def _update_policy(self, batch, ret):
+        """--loss kl, --loss clip, or --loss clip with --value_fit joint (which fits the value net
+        too); returns (epochs run, the joint value loss or None)."""
         if self.args.loss == "kl":
-            return self._kl_epochs(batch)
-        return self._minibatch_epochs(batch, lambda idx: self._clip_step(
-            *(tf.gather(batch[i], idx) for i in (0, 1, 2, 5))))
+            return self._kl_epochs(batch), None
+        if self.args.value_fit == "separate":
+            return self._minibatch_epochs(batch, lambda idx: self._clip_step(
+                *(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))), None
+        joint_batch, value_losses = (batch[0], batch[1], batch[2], batch[5], ret), []
+
+        def joint_step(idx):
+            _, value_loss = self._joint_step(*(tf.gather(x, idx) for x in joint_batch))
+            value_losses.append(float(value_loss))
+
+        epochs_run = self._minibatch_epochs(batch, joint_step)
+        return epochs_run, float(np.mean(value_losses[-(len(value_losses) // epochs_run):]))
 
     def _kl_epochs(self, batch):
         """Up to --policy_epochs full-batch steps, then beta and the learning rate adapt."""
@@ -384,6 +433,11 @@ def add_arguments(parser, default_batch_size, default_num_samplers):
     parser.add_argument("--norm_reward", action="store_true",
                         help="rewards / running std of the discounted return (SB3 VecNormalize), clipped to "
                              f"+-{REWARD_CLIP:g}, instead of rewards * (1 - gamma)")
+    parser.add_argument("--value_fit", choices=("separate", "joint"), default="separate",
+                        help="separate: --value_epochs of regression after the policy update; joint (--loss clip): "
+                             "SB3's update, one Adam on policy + vf_coef * value loss, per-minibatch advantages")
+    parser.add_argument("--vf_coef", type=float, default=0.5, help="value loss weight (--value_fit joint)")
+    parser.add_argument("--adam_eps", type=float, default=1e-8, help="epsilon of every Adam (SB3 uses 1e-5)")
     parser.add_argument("--seed", type=int, default=0, help="sampler k uses seed + k")
     parser.add_argument("--logdir", default="", help="run folder (default results/ppo_<env>_<unix time>)")
     parser.add_argument("--sampler_timeout", type=float, default=600.0,
@@ -402,13 +456,13 @@ def check_arguments(parser, args):
     for name in ("gamma", "lam"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip"):
+    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip", "vf_coef", "adam_eps"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
     for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-    _check_net(parser, args)
+    _check_net_and_update(parser, args)
     if 0 < args.max_steps < args.batch_size:
         parser.error(f"--max_steps ({args.max_steps}) must be 0 (no limit) or >= -b/--batch_size ({args.batch_size})")
     if args.batch_size < args.num_samplers:
@@ -424,14 +478,19 @@ def check_arguments(parser, args):
     return spec
 
 
-def _check_net(parser, args):
-    """--hidden's widths; --log_std_init only with --hidden."""
+def _check_net_and_update(parser, args):
+    """The flags that only work together: --hidden with --log_std_init, --value_fit joint with --loss clip."""
     try:
         hidden = parse_hidden(args.hidden)
     except ValueError as e:
         parser.error(str(e))
     if hidden is None and args.log_std_init is not None:
         parser.error("--log_std_init needs --hidden (WALL-E's nets take --init_logvar)")
+    if args.value_fit == "joint" and args.loss != "clip":
+        parser.error(f"--value_fit joint needs --loss clip, got --loss {args.loss}")
+    if args.value_fit == "joint" and args.clip_minibatch < 2:
+        parser.error(f"--value_fit joint normalises advantages per minibatch: --clip_minibatch must be >= 2, "
+                     f"got {args.clip_minibatch}")
 
 
 def _interrupt(signum, frame):

@@ -5,7 +5,7 @@ One iteration:
   1. params = agent.params(): policy weights + observation-normaliser stats + version
   2. rollouts = samplers.collect(params, batch_size): exactly -b env steps in all
   3. agent.update(rollouts, params):
-       obs normalised with the stats in params (what the samplers used)
+       obs normalised with the stats in params (what the samplers used), clipped to +-10
        GAE(gamma 0.995, lambda 0.98) on rewards * (1 - gamma), bootstrapping V at truncations
        policy update: --loss kl (WALL-E; default) or --loss clip
        value fit on this batch and the previous one (10 epochs, minibatch 256)
@@ -18,6 +18,18 @@ stopping early once KL > 4 * kl_targ; then beta (and the learning rate, when
 beta saturates) adapt so that KL stays near kl_targ (0.003).
 --loss clip: the clipped surrogate -mean(min(ratio * A, clip(ratio, 1 +- eps) * A)),
 --clip_epochs passes over shuffled minibatches of --clip_minibatch.
+
+rl-baselines3-zoo's tuned SB3 PPO (bench/ppo_halfcheetah.py's `zoo` variant)
+runs with these options, all off by default:
+  --hidden 256,256 --activation relu --log_std_init -2   SB3's MlpPolicy nets
+      (nets/gaussian.py: torch-default init, a plain log-std variable)
+  --norm_reward   GAE on rewards / running std of the discounted return, clipped
+      to +-10 (SB3's VecNormalize; RewardNormaliser, in the learner)
+  --value_fit joint (--loss clip)   one Adam (--adam_eps) over both nets on
+      clipped surrogate - ent_coef * entropy + vf_coef * value MSE per minibatch,
+      advantages normalised per minibatch, one global-norm gradient clip;
+      no separate value fit
+The observation normaliser stays per iteration (SB3 updates it at every step).
 
 Writes <logdir>/progress.csv (one row per iteration) and TensorBoard scalars.
 """
@@ -41,6 +53,7 @@ KL_HINGE_COEF = 50.0  # "eta": weight of the hinge on KL above 2 * kl_targ
 BETA_RANGE = (1.0 / 35.0, 35.0)
 LR_MULTIPLIER_RANGE = (0.1, 10.0)
 VALUE_MINIBATCH = 256
+REWARD_CLIP = 10.0  # --norm_reward: SB3 VecNormalize's clip_reward
 PROGRESS_FIELDS = [
     "iteration", "steps", "time", "episodes", "return_mean", "return_last10", "episode_length",
     "collect_time", "learn_time", "collect_share", "learn_share", "steps_per_s",
@@ -50,16 +63,19 @@ PROGRESS_FIELDS = [
 
 
 # ---------------------------------------------------------------------------
-# Observation normaliser and GAE (numpy).
+# Observation and reward normalisers, GAE (numpy).
 
 
 class RunningMeanStd:
-    """Running mean and variance of observations (parallel update of Chan et al.)."""
+    """Running mean and variance (parallel update of Chan et al.) of observations
+    (dim = obs_dim) or of a scalar (dim = ()). count > 0 starts from a prior of
+    mean 0, variance 1 weighing `count` samples, as SB3's RunningMeanStd (1e-4);
+    count 0 takes the first batch's moments as they are."""
 
-    def __init__(self, dim):
+    def __init__(self, dim, count=0.0):
         self.mean = np.zeros(dim, np.float64)
         self.var = np.ones(dim, np.float64)
-        self.count = 0
+        self.count = count
 
     def update(self, x):
         x = np.asarray(x, np.float64)
@@ -77,6 +93,41 @@ class RunningMeanStd:
 
     def std(self):
         return np.sqrt(self.var + 1e-8)
+
+
+class RewardNormaliser:
+    """--norm_reward: SB3 VecNormalize's reward scaling, in the learner.
+
+    Per sampler (its rank), ret = gamma * ret + reward at each step, reset to 0
+    when an episode ends (terminated or time limit; not at the cut between two
+    iterations, where the episode goes on). One running variance of ret over all
+    samplers (prior count 1e-4, as SB3); each reward is divided by its std,
+    updated with that step first, and clipped to +-REWARD_CLIP. Step t of every
+    sampler's rollout is one update, as VecNormalize over n envs would do it.
+    The samplers only collect raw rewards: one statistic for the whole run,
+    whatever -n, and the same numbers as one sampler stepping n envs.
+    """
+
+    def __init__(self, gamma, clip=REWARD_CLIP):
+        self.gamma, self.clip = gamma, clip
+        self.rms = RunningMeanStd((), count=1e-4)
+        self.returns = {}  # sampler rank -> discounted return of its episode so far
+
+    def __call__(self, rollouts):
+        """Normalised rewards, one float32 array per rollout; updates the statistics."""
+        out = [np.empty(len(r["reward"]), np.float32) for r in rollouts]
+        ends = [r["terminated"] | r["truncated"] for r in rollouts]
+        for end, r in zip(ends, rollouts):
+            end[-1] = end[-1] and not r["cut"]
+        for t in range(max(len(r["reward"]) for r in rollouts)):
+            live = [i for i, r in enumerate(rollouts) if t < len(r["reward"])]
+            rets = np.array([self.gamma * self.returns.get(rollouts[i]["rank"], 0.0)
+                             + float(rollouts[i]["reward"][t]) for i in live])
+            self.rms.update(rets)
+            for i, ret in zip(live, rets):
+                out[i][t] = np.clip(rollouts[i]["reward"][t] / self.rms.std(), -self.clip, self.clip)
+                self.returns[rollouts[i]["rank"]] = 0.0 if ends[i][t] else ret
+        return out
 
 
 def compute_gae(rewards, values, next_values, dones, gamma, lam):
@@ -106,28 +157,42 @@ class PPO:
         self.args = args
         tf.random.set_seed(args.seed)
         self.rng = np.random.default_rng(args.seed)
-        self.policy = GaussianPolicy(obs_dim, act_dim, hid_mult=args.hid_mult, init_logvar=args.init_logvar)
-        self.value = ValueNet(obs_dim, hid_mult=args.hid_mult)
+        hidden = parse_hidden(args.hidden)
+        self.policy = GaussianPolicy(obs_dim, act_dim, hid_mult=args.hid_mult, init_logvar=args.init_logvar,
+                                     hidden=hidden, activation=args.activation,
+                                     log_std_init=0.0 if args.log_std_init is None else args.log_std_init)
+        self.value = ValueNet(obs_dim, hid_mult=args.hid_mult, hidden=hidden, activation=args.activation)
         self.normaliser = RunningMeanStd(obs_dim)
-        default_lr = 9e-4 / math.sqrt(self.policy.widths[1]) if args.loss == "kl" else 3e-4
-        self.base_lr = args.policy_lr or default_lr
-        self.lr = tf.Variable(self.base_lr, trainable=False, dtype=tf.float32)
-        self.policy_opt = snt.optimizers.Adam(self.lr)
-        self.value_opt = snt.optimizers.Adam(args.value_lr or (1e-2 / math.sqrt(self.value.widths[1])))
+        self.reward_normaliser = RewardNormaliser(args.gamma) if args.norm_reward else None
+        self._make_optimizers()
         self.beta, self.lr_multiplier, self.version = 1.0, 1.0, 0
         self.previous = None  # last batch's (obs, value targets): replayed in the value fit
         self._kl_step = tf.function(self._kl_step_impl, reduce_retracing=True)
         self._clip_step = tf.function(self._clip_step_impl, reduce_retracing=True)
+        self._joint_step = tf.function(self._joint_step_impl, reduce_retracing=True)
         self._value_step = tf.function(self._value_step_impl, reduce_retracing=True)
         self._policy_stats = tf.function(self._policy_stats_impl, reduce_retracing=True)
         self._values = tf.function(self.value, reduce_retracing=True)
         self._policy_dist = tf.function(self.policy, reduce_retracing=True)
 
+    def _make_optimizers(self):
+        """--value_fit separate: a policy Adam and a value Adam; joint: one Adam over both nets."""
+        args = self.args
+        default_lr = 9e-4 / math.sqrt(self.policy.widths[1]) if args.loss == "kl" else 3e-4
+        self.base_lr = args.policy_lr or default_lr
+        self.lr = tf.Variable(self.base_lr, trainable=False, dtype=tf.float32)
+        if args.value_fit == "joint":
+            self.joint_opt = snt.optimizers.Adam(self.lr, epsilon=args.adam_eps)
+            return
+        self.policy_opt = snt.optimizers.Adam(self.lr, epsilon=args.adam_eps)
+        value_lr = args.value_lr or (1e-2 / math.sqrt(self.value.widths[1]))
+        self.value_opt = snt.optimizers.Adam(value_lr, epsilon=args.adam_eps)
+
     def params(self):
         """What the samplers need: numpy weights, normaliser stats and the version."""
         return dict(self.policy.numpy_params(), version=self.version,
                     obs_mean=self.normaliser.mean.astype(np.float32),
-                    obs_std=self.normaliser.std().astype(np.float32))
+                    obs_std=self.normaliser.std().astype(np.float32), obs_clip=self.args.obs_clip)
 
     # -- losses, one tf.function step each --------------------------------
 
@@ -162,6 +227,30 @@ class PPO:
         self.policy_opt.apply(grads, variables)
         return loss
 
+    def _joint_loss(self, obs, act, adv, old_logp, ret):
+        """SB3's PPO loss on one minibatch: advantages normalised here (unbiased std),
+        clipped surrogate - ent_coef * entropy + vf_coef * unclipped value MSE."""
+        args = self.args
+        adv_mean, adv_var = tf.nn.moments(adv, axes=[0])
+        n = tf.cast(tf.size(adv), tf.float32)
+        adv = (adv - adv_mean) / (tf.sqrt(adv_var * n / (n - 1.0)) + 1e-8)
+        mean, logvar = self.policy(obs)
+        ratio = tf.exp(gaussian_log_prob(act, mean, logvar) - old_logp)
+        clipped = tf.clip_by_value(ratio, 1.0 - args.clip, 1.0 + args.clip)
+        policy_loss = -tf.reduce_mean(tf.minimum(ratio * adv, clipped * adv))
+        value_loss = tf.reduce_mean(tf.square(ret - self.value(obs)))
+        loss = policy_loss - args.ent_coef * gaussian_entropy(logvar) + args.vf_coef * value_loss
+        return loss, value_loss
+
+    def _joint_step_impl(self, obs, act, adv, old_logp, ret):
+        """One Adam step on both nets, gradients clipped to --max_grad_norm by their global norm."""
+        with tf.GradientTape() as tape:
+            loss, value_loss = self._joint_loss(obs, act, adv, old_logp, ret)
+        variables = self.policy.trainable_variables + self.value.trainable_variables
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), self.args.max_grad_norm)
+        self.joint_opt.apply(grads, variables)
+        return loss, value_loss
+
     def _value_step_impl(self, obs, targets):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(self.value(obs) - targets))
@@ -171,28 +260,35 @@ class PPO:
 
     # -- one update from one iteration's rollouts ---------------------------
 
+    def _rewards(self, rollouts):
+        """Rewards for GAE: WALL-E's reward * (1 - gamma), or --norm_reward's normalised rewards."""
+        if self.reward_normaliser is not None:
+            return self.reward_normaliser(rollouts)
+        return [r["reward"] * (1.0 - self.args.gamma) for r in rollouts]
+
     def _advantages(self, rollouts, params):
         """Normalised obs, actions, advantages and value targets, over all rollouts."""
         gamma, lam = self.args.gamma, self.args.lam
+        norm = (params["obs_mean"], params["obs_std"], params["obs_clip"])
         parts = []
-        for r in rollouts:
-            obs = samplers_lib.normalise_obs(r["obs"], params["obs_mean"], params["obs_std"])
+        for r, rewards in zip(rollouts, self._rewards(rollouts)):
+            obs = samplers_lib.normalise_obs(r["obs"], *norm)
             values = self._values(obs).numpy()
             next_values = np.zeros_like(values)
             next_values[:-1] = values[1:]
             next_values[r["terminated"]] = 0.0
             if len(r["bootstrap_obs"]):
-                boot = samplers_lib.normalise_obs(r["bootstrap_obs"], params["obs_mean"], params["obs_std"])
+                boot = samplers_lib.normalise_obs(r["bootstrap_obs"], *norm)
                 next_values[r["truncated"]] = self._values(boot).numpy()
             dones = (r["terminated"] | r["truncated"]).astype(np.float32)
             if not dones[-1]:
                 raise ValueError(f"rollout of sampler {r['rank']} does not end terminated or truncated")
-            adv, ret = compute_gae(r["reward"] * (1.0 - gamma), values, next_values, dones, gamma, lam)
+            adv, ret = compute_gae(rewards, values, next_values, dones, gamma, lam)
             parts.append((obs, r["action"], adv, ret, values))
         return [np.concatenate(x) for x in zip(*parts)]
 
     def update(self, rollouts, params):
-        args = self.args
+        """One iteration's update; returns its stats (a progress.csv row's learning columns)."""
         for r in rollouts:
             if r["version"] != params["version"]:
                 raise ValueError(f"rollout of sampler {r['rank']} has policy version {r['version']}, "
@@ -203,42 +299,68 @@ class PPO:
         old_logp = gaussian_log_prob(act, old_mean, old_logvar).numpy()
         batch = [tf.constant(x) for x in (obs, act, adv, old_mean, old_logvar, old_logp)]
         self.lr.assign(self.base_lr * self.lr_multiplier)
-
-        epochs_run = 0
-        if args.loss == "kl":
-            for _ in range(args.policy_epochs):
-                self._kl_step(*batch, tf.constant(self.beta, tf.float32))
-                epochs_run += 1
-                kl = float(self._policy_stats(*batch)[0])
-                if kl > 4.0 * args.kl_targ:
-                    break  # far past the target: stop early
-            if kl > 2.0 * args.kl_targ:
-                self.beta = min(BETA_RANGE[1], 1.5 * self.beta)
-                if self.beta > 30.0 and self.lr_multiplier > LR_MULTIPLIER_RANGE[0]:
-                    self.lr_multiplier /= 1.5
-            elif kl < 0.5 * args.kl_targ:
-                self.beta = max(BETA_RANGE[0], self.beta / 1.5)
-                if self.beta < 1.0 / 30.0 and self.lr_multiplier < LR_MULTIPLIER_RANGE[1]:
-                    self.lr_multiplier *= 1.5
-        else:
-            n, size = len(obs), min(args.clip_minibatch, len(obs))
-            for _ in range(args.clip_epochs):
-                order = self.rng.permutation(n)
-                for start in range(0, n - size + 1, size):
-                    idx = order[start:start + size]
-                    self._clip_step(*(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))
-                epochs_run += 1
-                if args.target_kl and float(self._policy_stats(*batch)[0]) > args.target_kl:
-                    break
+        epochs_run, value_loss = self._update_policy(batch, tf.constant(ret))
         kl, entropy, policy_loss, clip_fraction = (float(x) for x in self._policy_stats(*batch))
-
-        value_loss = self._fit_value(obs, ret)
+        if self.args.value_fit == "separate":
+            value_loss = self._fit_value(obs, ret)
         explained = 1.0 - np.var(ret - values) / (np.var(ret) + 1e-8)
         self.normaliser.update(np.concatenate([r["obs"] for r in rollouts]))
         self.version += 1
         return {"kl": kl, "entropy": entropy, "beta": self.beta, "lr_multiplier": self.lr_multiplier,
                 "policy_epochs": epochs_run, "clip_fraction": clip_fraction, "policy_loss": policy_loss,
                 "value_loss": value_loss, "explained_variance": float(explained)}
+
+    def _update_policy(self, batch, ret):
+        """--loss kl, --loss clip, or --loss clip with --value_fit joint (which fits the value net
+        too); returns (epochs run, the joint value loss or None)."""
+        if self.args.loss == "kl":
+            return self._kl_epochs(batch), None
+        if self.args.value_fit == "separate":
+            return self._minibatch_epochs(batch, lambda idx: self._clip_step(
+                *(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))), None
+        joint_batch, value_losses = (batch[0], batch[1], batch[2], batch[5], ret), []
+
+        def joint_step(idx):
+            _, value_loss = self._joint_step(*(tf.gather(x, idx) for x in joint_batch))
+            value_losses.append(float(value_loss))
+
+        epochs_run = self._minibatch_epochs(batch, joint_step)
+        return epochs_run, float(np.mean(value_losses[-(len(value_losses) // epochs_run):]))
+
+    def _kl_epochs(self, batch):
+        """Up to --policy_epochs full-batch steps, then beta and the learning rate adapt."""
+        args = self.args
+        epochs_run = 0
+        for _ in range(args.policy_epochs):
+            self._kl_step(*batch, tf.constant(self.beta, tf.float32))
+            epochs_run += 1
+            kl = float(self._policy_stats(*batch)[0])
+            if kl > 4.0 * args.kl_targ:
+                break  # far past the target: stop early
+        if kl > 2.0 * args.kl_targ:
+            self.beta = min(BETA_RANGE[1], 1.5 * self.beta)
+            if self.beta > 30.0 and self.lr_multiplier > LR_MULTIPLIER_RANGE[0]:
+                self.lr_multiplier /= 1.5
+        elif kl < 0.5 * args.kl_targ:
+            self.beta = max(BETA_RANGE[0], self.beta / 1.5)
+            if self.beta < 1.0 / 30.0 and self.lr_multiplier < LR_MULTIPLIER_RANGE[1]:
+                self.lr_multiplier *= 1.5
+        return epochs_run
+
+    def _minibatch_epochs(self, batch, step):
+        """--clip_epochs passes, each calling step(indices) on shuffled minibatches of
+        --clip_minibatch (a remainder left out); stops early above --target_kl."""
+        args = self.args
+        n, size = len(batch[0]), min(args.clip_minibatch, len(batch[0]))
+        epochs_run = 0
+        for _ in range(args.clip_epochs):
+            order = self.rng.permutation(n)
+            for start in range(0, n - size + 1, size):
+                step(order[start:start + size])
+            epochs_run += 1
+            if args.target_kl and float(self._policy_stats(*batch)[0]) > args.target_kl:
+                break
+        return epochs_run
 
     def _fit_value(self, obs, targets):
         """Minibatch regression on this batch plus the previous one."""
@@ -260,6 +382,19 @@ class PPO:
 
 # ---------------------------------------------------------------------------
 # Flags and the training loop.
+
+
+def parse_hidden(text):
+    """--hidden "256,256" -> (256, 256); "" -> None (WALL-E's widths from --hid_mult)."""
+    if not text.strip():
+        return None
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--hidden must be comma-separated positive widths such as 256,256, got {text!r}")
+    return widths
 
 
 def add_arguments(parser, default_batch_size, default_num_samplers):
@@ -287,7 +422,22 @@ def add_arguments(parser, default_batch_size, default_num_samplers):
     parser.add_argument("--value_lr", type=float, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
     parser.add_argument("--value_epochs", type=int, default=10)
     parser.add_argument("--hid_mult", type=int, default=10, help="hidden width multiplier")
-    parser.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance")
+    parser.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance (WALL-E's nets)")
+    parser.add_argument("--hidden", default="", help="hidden widths of both nets, e.g. 256,256: SB3's MlpPolicy "
+                        "(torch-default init, --log_std_init); empty: WALL-E's widths from --hid_mult")
+    parser.add_argument("--activation", choices=("tanh", "relu"), default="tanh", help="hidden nonlinearity")
+    parser.add_argument("--log_std_init", type=float, default=None,
+                        help="initial policy log-std, a plain variable (--hidden only; unset: 0.0)")
+    parser.add_argument("--obs_clip", type=float, default=samplers_lib.OBS_CLIP,
+                        help="normalised observations are clipped to +-this")
+    parser.add_argument("--norm_reward", action="store_true",
+                        help="rewards / running std of the discounted return (SB3 VecNormalize), clipped to "
+                             f"+-{REWARD_CLIP:g}, instead of rewards * (1 - gamma)")
+    parser.add_argument("--value_fit", choices=("separate", "joint"), default="separate",
+                        help="separate: --value_epochs of regression after the policy update; joint (--loss clip): "
+                             "SB3's update, one Adam on policy + vf_coef * value loss, per-minibatch advantages")
+    parser.add_argument("--vf_coef", type=float, default=0.5, help="value loss weight (--value_fit joint)")
+    parser.add_argument("--adam_eps", type=float, default=1e-8, help="epsilon of every Adam (SB3 uses 1e-5)")
     parser.add_argument("--seed", type=int, default=0, help="sampler k uses seed + k")
     parser.add_argument("--logdir", default="", help="run folder (default results/ppo_<env>_<unix time>)")
     parser.add_argument("--sampler_timeout", type=float, default=600.0,
@@ -306,12 +456,13 @@ def check_arguments(parser, args):
     for name in ("gamma", "lam"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout"):
+    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip", "vf_coef", "adam_eps"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
     for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+    _check_net_and_update(parser, args)
     if 0 < args.max_steps < args.batch_size:
         parser.error(f"--max_steps ({args.max_steps}) must be 0 (no limit) or >= -b/--batch_size ({args.batch_size})")
     if args.batch_size < args.num_samplers:
@@ -325,6 +476,21 @@ def check_arguments(parser, args):
         parser.error(f"env {args.env_name!r} has {'discrete actions' if spec.discrete else 'image observations'}; "
                      f"this PPO needs vector observations and continuous actions (e.g. HalfCheetah-v5, Pendulum-v1)")
     return spec
+
+
+def _check_net_and_update(parser, args):
+    """The flags that only work together: --hidden with --log_std_init, --value_fit joint with --loss clip."""
+    try:
+        hidden = parse_hidden(args.hidden)
+    except ValueError as e:
+        parser.error(str(e))
+    if hidden is None and args.log_std_init is not None:
+        parser.error("--log_std_init needs --hidden (WALL-E's nets take --init_logvar)")
+    if args.value_fit == "joint" and args.loss != "clip":
+        parser.error(f"--value_fit joint needs --loss clip, got --loss {args.loss}")
+    if args.value_fit == "joint" and args.clip_minibatch < 2:
+        parser.error(f"--value_fit joint normalises advantages per minibatch: --clip_minibatch must be >= 2, "
+                     f"got {args.clip_minibatch}")
 
 
 def _interrupt(signum, frame):

@@ -7,7 +7,8 @@ N sampler processes collect in parallel (-n N).
 
 `params` is what the agent hands out each iteration (ppo.PPO.params()):
 
-    {"version": int, "layers": [(W, b), ...], "logvar": [A], "obs_mean": [D], "obs_std": [D]}
+    {"version": int, "layers": [(W, b), ...], "logvar": [A], "activation": "tanh" | "relu",
+     "obs_mean": [D], "obs_std": [D], "obs_clip": float}
 
 Parallel layout (WALL-E's figure 2):
 
@@ -33,8 +34,10 @@ Rollout (one per sampler and iteration), numpy, T = its step share:
     (as sampled, before clipping to the action bounds), reward [T] float32,
     terminated [T] bool (no bootstrap), truncated [T] bool (time limit or the
     cut at T: bootstrap from V(bootstrap_obs)), bootstrap_obs [K, D] (one row
-    per truncated step, in order), episode_returns / episode_lengths (episodes
-    that finished in this rollout), version, rank, collect_s.
+    per truncated step, in order), cut bool (the last step is only the cut at
+    T: its episode goes on in this sampler's next rollout), episode_returns /
+    episode_lengths (episodes that finished in this rollout), version, rank,
+    collect_s.
 """
 import multiprocessing as mp
 import os
@@ -48,7 +51,7 @@ import numpy as np
 
 import envs
 
-OBS_CLIP = 10.0
+OBS_CLIP = 10.0  # default of --obs_clip
 WAIT_POLL_S = 0.5  # how often the agent checks sampler liveness while it waits
 PARENT_POLL_S = 1.0  # how often an idle sampler checks the agent is alive
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -62,14 +65,18 @@ class SamplerError(RuntimeError):
 # The policy in numpy.
 
 
-def normalise_obs(obs, mean, std):
-    return np.clip((obs - mean) / std, -OBS_CLIP, OBS_CLIP).astype(np.float32)
+ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}  # as nets/gaussian.py's
 
 
-def policy_mean(layers, x):
-    """The Gaussian policy's mean: tanh hidden layers, linear output (nets/gaussian.py)."""
+def normalise_obs(obs, mean, std, clip=OBS_CLIP):
+    return np.clip((obs - mean) / std, -clip, clip).astype(np.float32)
+
+
+def policy_mean(layers, x, activation="tanh"):
+    """The Gaussian policy's mean: `activation` hidden layers, linear output (nets/gaussian.py)."""
+    act = ACTIVATIONS[activation]
     for w, b in layers[:-1]:
-        x = np.tanh(x @ w + b)
+        x = act(x @ w + b)
     w, b = layers[-1]
     return x @ w + b
 
@@ -100,15 +107,16 @@ class Sampler:
     def collect(self, params, num_steps):
         t_start = time.perf_counter()
         layers, std = params["layers"], np.exp(0.5 * params["logvar"])
+        activation, obs_clip = params["activation"], params["obs_clip"]
         obs_mean, obs_std = params["obs_mean"], params["obs_std"]
         obs_buf = np.empty((num_steps,) + self.obs.shape, np.float32)
         act_buf = np.empty((num_steps, self.act_dim), np.float32)
         rew_buf = np.empty(num_steps, np.float32)
         terminated_buf = np.zeros(num_steps, bool)
         truncated_buf = np.zeros(num_steps, bool)
-        bootstrap_obs, episode_returns, episode_lengths = [], [], []
+        bootstrap_obs, episode_returns, episode_lengths, cut_only = [], [], [], False
         for t in range(num_steps):
-            mean = policy_mean(layers, normalise_obs(self.obs, obs_mean, obs_std))
+            mean = policy_mean(layers, normalise_obs(self.obs, obs_mean, obs_std, obs_clip), activation)
             action = mean + std * self.rng.standard_normal(self.act_dim)
             next_obs, reward, terminated, truncated, info = self.env.step(
                 np.clip(action, self.low, self.high))
@@ -117,6 +125,7 @@ class Sampler:
                 episode_returns.append(float(info["episode"]["r"]))
                 episode_lengths.append(int(info["episode"]["l"]))
             cut = t == num_steps - 1
+            cut_only = cut and not (terminated or truncated)
             if terminated:
                 terminated_buf[t] = True
             elif truncated or cut:
@@ -128,7 +137,7 @@ class Sampler:
                 self.obs = next_obs
         return {
             "obs": obs_buf, "action": act_buf, "reward": rew_buf,
-            "terminated": terminated_buf, "truncated": truncated_buf,
+            "terminated": terminated_buf, "truncated": truncated_buf, "cut": cut_only,
             "bootstrap_obs": np.asarray(bootstrap_obs, np.float32).reshape((-1,) + self.obs.shape),
             "episode_returns": episode_returns, "episode_lengths": episode_lengths,
             "version": params["version"], "rank": self.rank,

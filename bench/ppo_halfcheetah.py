@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ppo_halfcheetah.py                          # kl variant, seed 0, 1M steps
     .venv/bin/python bench/ppo_halfcheetah.py --variants kl clip --seeds 0 1 --budget 1000000
+    .venv/bin/python bench/ppo_halfcheetah.py --variants zoo --seeds 1 2 3 --target 5000
     nice -n 10 .venv/bin/python bench/ppo_halfcheetah.py ... &         # on a shared machine
 
 Each (variant, seed) is one `ppo_parallel_main.py` run, stopped at --budget env
@@ -10,8 +11,15 @@ steps (its logs under bench/results/ppo_halfcheetah_runs/). Variants:
     kl         WALL-E: adaptive KL penalty + hinge, KL target 0.003, -b 1000 (its parallel command)
     kl_b10000  the same with -b 10000 (its one-process command)
     clip       clipped surrogate, -b 2048, 10 epochs of minibatch 64, lr 3e-4
+    zoo        rl-baselines3-zoo's tuned SB3 PPO for HalfCheetah (hyperparams/ppo.yml,
+               HalfCheetah-v3/v4; about 5,800 there at 1M steps): n_steps 512 x 1 env
+               = -b 512 over -n 2 samplers, minibatch 64, 20 epochs, gamma 0.98,
+               lambda 0.92, lr 2.0633e-5, ent_coef 0.000401762, clip 0.1,
+               max_grad_norm 0.8, vf_coef 0.58096, Adam eps 1e-5 (SB3's), the joint
+               update, reward normalisation, obs clip 10, pi/vf [256, 256] relu nets
+               with torch-default init and log_std_init -2
 
-Score = return_last10, the mean return of the last 10 finished episodes. Writes
+-n defaults to each variant's own (2 for zoo, 1 for the others). Score = return_last10, the mean return of the last 10 finished episodes. Writes
 bench/results/ppo_halfcheetah.csv (every run's curve), .png (score vs steps and
 vs wall time, mean and min-max band over seeds) and .md (one row per run:
 final and best score, steps and time to --target).
@@ -33,7 +41,12 @@ VARIANTS = {
     "kl": ["--loss", "kl", "-b", "1000"],
     "kl_b10000": ["--loss", "kl", "-b", "10000"],
     "clip": ["--loss", "clip", "-b", "2048", "--clip_epochs", "10", "--clip_minibatch", "64"],
+    "zoo": ["--loss", "clip", "--value_fit", "joint", "-b", "512", "--clip_minibatch", "64", "--clip_epochs", "20",
+            "-g", "0.98", "-l", "0.92", "--policy_lr", "2.0633e-05", "--ent_coef", "0.000401762", "--clip", "0.1",
+            "--max_grad_norm", "0.8", "--vf_coef", "0.58096", "--adam_eps", "1e-5", "--norm_reward",
+            "--obs_clip", "10", "--hidden", "256,256", "--activation", "relu", "--log_std_init", "-2"],
 }
+VARIANT_SAMPLERS = {"zoo": 2}  # -n when not given; 1 otherwise
 CURVE_FIELDS = ["variant", "seed", "iteration", "steps", "time", "return_mean", "return_last10",
                 "collect_time", "learn_time", "kl", "entropy"]
 SCORE = "return_last10"
@@ -47,10 +60,10 @@ def read_rows(logdir):
         return list(csv.DictReader(f))
 
 
-def summarise(variant, seed, rows, target, wall_s, status):
+def summarise(variant, seed, num_samplers, rows, target, wall_s, status):
     scored = [r for r in rows if r[SCORE] != ""]
     hit = next((r for r in scored if float(r[SCORE]) >= target), None)
-    return {"variant": variant, "seed": seed, "exit_status": status,
+    return {"variant": variant, "seed": seed, "num_samplers": num_samplers, "exit_status": status,
             "steps": int(rows[-1]["steps"]) if rows else 0,
             "final_score": float(scored[-1][SCORE]) if scored else float("nan"),
             "best_score": max((float(r[SCORE]) for r in scored), default=float("nan")),
@@ -59,17 +72,29 @@ def summarise(variant, seed, rows, target, wall_s, status):
             "wall_s": wall_s}
 
 
+def over_seeds(summaries, target):
+    """Markdown lines: each variant's final score averaged over its seeds, against the target."""
+    lines = ["", "| variant | seeds | mean final | min final | mean final >= target |", "|---|---|---|---|---|"]
+    for variant in dict.fromkeys(s["variant"] for s in summaries):
+        finals = [s["final_score"] for s in summaries if s["variant"] == variant]
+        mean = sum(finals) / len(finals)
+        lines.append(f"| {variant} | {len(finals)} | {mean:.0f} | {min(finals):.0f} | "
+                     f"{'yes' if mean >= target else 'no'} |")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=["kl"], choices=sorted(VARIANTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--budget", type=int, default=1_000_000, help="env steps per run")
     p.add_argument("--target", type=float, default=3000.0, help="score to reach within the budget")
-    p.add_argument("-n", "--num_samplers", type=int, default=1, help="sampler processes per run")
+    p.add_argument("-n", "--num_samplers", type=int, default=None,
+                   help="sampler processes per run (default: the variant's own, 2 for zoo, else 1)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--keep", action="store_true", help="keep earlier runs' folders (default: start afresh)")
     a = p.parse_args()
-    if a.budget < 1 or a.num_samplers < 1:
+    if a.budget < 1 or (a.num_samplers is not None and a.num_samplers < 1):
         p.error("--budget and -n/--num_samplers must be >= 1")
 
     runs_dir = os.path.join(a.out, "ppo_halfcheetah_runs")
@@ -80,14 +105,15 @@ def main():
             logdir = os.path.join(runs_dir, f"{variant}_s{seed}")
             if os.path.isdir(logdir) and not a.keep:
                 shutil.rmtree(logdir)
+            n = a.num_samplers or VARIANT_SAMPLERS.get(variant, 1)
             cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5",
-                   "-it", "1000000", "--max_steps", str(a.budget), "-n", str(a.num_samplers),
+                   "-it", "1000000", "--max_steps", str(a.budget), "-n", str(n),
                    "--seed", str(seed), "--logdir", logdir, "--quiet"] + VARIANTS[variant]
             print(f"[{variant} seed {seed}] {' '.join(cmd[1:])}", flush=True)
             t0 = time.time()
             status = subprocess.call(cmd, cwd=ROOT)  # Ctrl-C reaches it too: it stops its samplers
             rows = read_rows(logdir)
-            summaries.append(summarise(variant, seed, rows, a.target, time.time() - t0, status))
+            summaries.append(summarise(variant, seed, n, rows, a.target, time.time() - t0, status))
             curves += [dict({k: r[k] for k in CURVE_FIELDS[2:]}, variant=variant, seed=seed) for r in rows]
             s = summaries[-1]
             print(f"[{variant} seed {seed}] exit {status}: {s['steps']} steps, final {s['final_score']:.0f}, "
@@ -100,14 +126,15 @@ def main():
         w = csv.DictWriter(f, CURVE_FIELDS)
         w.writeheader()
         w.writerows(curves)
-    lines = [f"# HalfCheetah-v5, WALL-E PPO, {a.budget} env steps per run, target {a.target:.0f} "
-             f"({SCORE}), -n {a.num_samplers}\n",
-             "| variant | seed | steps | final | best | steps to target | time to target (s) | wall (s) | exit |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# HalfCheetah-v5, WALL-E PPO, {a.budget} env steps per run, target {a.target:.0f} ({SCORE})\n",
+             "| variant | seed | -n | steps | final | best | steps to target | time to target (s) | wall (s) | exit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        lines.append(f"| {s['variant']} | {s['seed']} | {s['steps']} | {s['final_score']:.0f} | {s['best_score']:.0f} "
+        lines.append(f"| {s['variant']} | {s['seed']} | {s['num_samplers']} | {s['steps']} | {s['final_score']:.0f} "
+                     f"| {s['best_score']:.0f} "
                      f"| {s['steps_to_target'] if s['steps_to_target'] >= 0 else 'not reached'} "
                      f"| {s['time_to_target_s']:.0f} | {s['wall_s']:.0f} | {s['exit_status']} |")
+    lines += over_seeds(summaries, a.target)
     with open(os.path.join(a.out, "ppo_halfcheetah.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

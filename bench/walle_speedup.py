@@ -65,7 +65,7 @@ def main():
     spec = envs.env_spec(a.env)
     policy = GaussianPolicy(spec.obs_shape[0], spec.action_dim)
     params = dict(policy.numpy_params(), version=0, obs_mean=np.zeros(spec.obs_shape, np.float32),
-                  obs_std=np.ones(spec.obs_shape, np.float32))
+                  obs_std=np.ones(spec.obs_shape, np.float32), obs_clip=samplers.OBS_CLIP)
     ns = list(range(1, a.max_n + 1))
     print(f"{a.env}, {a.batch_size} steps/iteration, N = 1..{a.max_n}, {a.repeats} repeats, "
           f"{cores} usable cores (os.cpu_count() = {os.cpu_count()})", flush=True)

@@ -1,8 +1,10 @@
 """WALL-E's PPO: samplers (exact step counts, weights reach every sampler, dead
-samplers reported, no orphans), GAE, the agent's bootstrapping, end-to-end runs
-of both mains with progress.csv, and the plot scripts."""
+samplers reported, no orphans), GAE, the agent's bootstrapping, the rl-zoo
+options (SB3 nets, reward normalisation, joint update, their flags), end-to-end
+runs of both mains with progress.csv, and the plot scripts."""
 import csv
 import glob
+import importlib.util
 import os
 import signal
 import subprocess
@@ -16,7 +18,7 @@ import pytest
 
 import ppo
 import samplers
-from nets.gaussian import GaussianPolicy
+from nets.gaussian import GaussianPolicy, ValueNet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "Pendulum-v1"  # obs 3, act 1: cheap
@@ -30,12 +32,18 @@ def make_params(version, seed=0, logvar=-1.0):
     layers = [(rng.normal(0, 1 / np.sqrt(i), (i, o)).astype(np.float32), rng.normal(0, 0.1, o).astype(np.float32))
               for i, o in zip(widths[:-1], widths[1:])]
     return {"version": version, "layers": layers, "logvar": np.full(ACT_DIM, logvar, np.float32),
-            "obs_mean": np.zeros(OBS_DIM, np.float32), "obs_std": np.ones(OBS_DIM, np.float32)}
+            "activation": "tanh", "obs_mean": np.zeros(OBS_DIM, np.float32),
+            "obs_std": np.ones(OBS_DIM, np.float32), "obs_clip": samplers.OBS_CLIP}
 
 
 def agent_args(**overrides):
+    """Parsed flags; a True value is a bare switch (--norm_reward)."""
     parser = ppo.add_arguments(ppo.argparse.ArgumentParser(), 1000, 1)
-    return parser.parse_args([ENV] + [f"--{k}={v}" for k, v in overrides.items()])
+    return parser.parse_args([ENV] + [f"--{k}" if v is True else f"--{k}={v}" for k, v in overrides.items()])
+
+
+ZOO = {"loss": "clip", "value_fit": "joint", "hidden": "64,64", "activation": "relu", "log_std_init": -2,
+       "norm_reward": True, "adam_eps": 1e-5, "vf_coef": 0.58, "clip": 0.1, "clip_epochs": 2}
 
 
 def children():
@@ -77,6 +85,25 @@ def test_numpy_policy_matches_sonnet_policy():
     np.testing.assert_allclose(params["logvar"], np.full(6, -1.0), atol=1e-6)
 
 
+def test_numpy_policy_matches_sonnet_policy_relu_sb3_nets():
+    policy = GaussianPolicy(17, 6, hidden=(256, 256), activation="relu", log_std_init=-2.0)
+    assert policy.widths == (256, 256)
+    obs = np.random.default_rng(0).normal(size=(5, 17)).astype(np.float32)
+    mean, _ = policy(obs)
+    params = policy.numpy_params()
+    assert params["activation"] == "relu"
+    np.testing.assert_allclose(samplers.policy_mean(params["layers"], obs, "relu"), mean.numpy(), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(samplers.policy_mean(params["layers"], obs, "tanh"), mean.numpy(), atol=1e-3)
+    np.testing.assert_allclose(params["logvar"], np.full(6, -4.0), atol=1e-6)  # logvar = 2 log_std
+    assert any("log_std" in v.name for v in policy.trainable_variables)
+    for (w, b), fan_in in zip(params["layers"], (17, 256, 256)):  # torch.nn.Linear's default init
+        bound = 1 / np.sqrt(fan_in)
+        assert np.abs(w).max() <= bound and np.abs(b).max() <= bound and np.abs(b).max() > bound / 2
+        assert np.abs(w).max() > 0.9 * bound  # uniform over the whole range, not N(0, 1/fan_in)
+    value = ValueNet(17, hidden=(256, 256), activation="relu")
+    assert value.widths == (256, 256) and value(obs).shape == (5,)
+
+
 def test_local_sampler_exact_steps_and_bootstrap():
     s = samplers.LocalSampler(ENV, seed=3)
     try:
@@ -86,6 +113,19 @@ def test_local_sampler_exact_steps_and_bootstrap():
             assert r["truncated"][-1] or r["terminated"][-1]
             assert len(r["bootstrap_obs"]) == r["truncated"].sum()
             assert r["version"] == 7
+    finally:
+        s.close()
+
+
+def test_rollout_cut_tells_budget_cut_from_episode_end():
+    s = samplers.LocalSampler(ENV, seed=3)
+    try:
+        cuts = []
+        for b in (200, 50, 150):  # Pendulum: the time limit ends the 1st and 3rd rollouts exactly
+            (r,) = s.collect(make_params(0), b)
+            assert r["truncated"][-1]
+            cuts.append(r["cut"])
+        assert cuts == [False, True, False]
     finally:
         s.close()
 
@@ -204,9 +244,73 @@ def test_running_mean_std_matches_numpy():
     np.testing.assert_allclose(rms.var, all_x.var(axis=0), rtol=1e-10)
 
 
-@pytest.mark.parametrize("loss", ["kl", "clip"])
-def test_update_moves_policy_and_bumps_version(loss):
-    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(loss=loss))
+def rollout(rank, rewards, terminated=(), truncated=(), cut=False):
+    n = len(rewards)
+    term, trunc = np.zeros(n, bool), np.zeros(n, bool)
+    term[list(terminated)], trunc[list(truncated)] = True, True
+    trunc[-1] |= cut
+    return {"rank": rank, "reward": np.array(rewards, np.float32), "terminated": term, "truncated": trunc, "cut": cut}
+
+
+def test_reward_normaliser_matches_hand_computed_running_std():
+    norm = ppo.RewardNormaliser(gamma=0.5)
+    iteration1 = [rollout(0, [1, 2, 3], terminated=[1], cut=True), rollout(1, [-1, 2], cut=True)]
+    iteration2 = [rollout(0, [4, 5], truncated=[1]), rollout(1, [1, 1, 1], cut=True)]
+    # Discounted returns, reset after an episode's end (not at a cut), in update order (step t of each rollout):
+    # rank 0: 1, 2.5 (ends), 3 | cut, goes on: 5.5, 7.75 (time limit); rank 1: -1, 1.5 | 1.75, 1.875, 1.9375
+    updates = [[1, -1], [2.5, 1.5], [3], [5.5, 1.75], [7.75, 1.875], [1.9375]]
+    rewards = [[1, -1], [2, 2], [3], [4, 1], [5, 1], [1]]
+
+    def std_after(k):  # prior: count 1e-4 of mean 0, variance 1 (SB3's RunningMeanStd), then all returns so far
+        x = np.concatenate([np.array(u, np.float64) for u in updates[:k + 1]])
+        c, m = 1e-4, x.sum() / (1e-4 + len(x))
+        return np.sqrt((c * (1 + m ** 2) + ((x - m) ** 2).sum()) / (c + len(x)) + 1e-8)
+
+    expected = [[r / std_after(k) for r in rs] for k, rs in enumerate(rewards)]
+    out1, out2 = norm(iteration1), norm(iteration2)
+    got = [[out1[0][0], out1[1][0]], [out1[0][1], out1[1][1]], [out1[0][2]],
+           [out2[0][0], out2[1][0]], [out2[0][1], out2[1][1]], [out2[1][2]]]
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5)
+    assert norm.returns == {0: 0.0, 1: 1.9375}
+    for reward, clipped in ((3.0, 10.0), (-300.0, -10.0)):  # a first step: std ~ 0.01 * |reward|, clipped
+        assert ppo.RewardNormaliser(gamma=0.5)([rollout(0, [reward], cut=True)])[0][0] == clipped
+
+
+def joint_batch(agent, n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, OBS_DIM)).astype(np.float32)
+    act = rng.normal(size=(n, ACT_DIM)).astype(np.float32)
+    mean, logvar = agent.policy(obs)
+    old_logp = ppo.gaussian_log_prob(act, mean, logvar).numpy()
+    return [ppo.tf.constant(x) for x in (obs, act, rng.normal(size=n).astype(np.float32), old_logp,
+                                          rng.normal(2.0, 1.0, size=n).astype(np.float32))]
+
+
+def test_joint_update_decreases_its_loss_on_a_fixed_batch():
+    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(**dict(ZOO, policy_lr=1e-3)))
+    batch = joint_batch(agent)
+    before = [v.numpy() for v in agent.policy.trainable_variables + agent.value.trainable_variables]
+    loss0, value_loss0 = (float(x) for x in agent._joint_loss(*batch))
+    for _ in range(30):
+        agent._joint_step(*batch)
+    loss1, value_loss1 = (float(x) for x in agent._joint_loss(*batch))
+    assert loss1 < loss0 - 0.1 and value_loss1 < value_loss0
+    after = agent.policy.trainable_variables + agent.value.trainable_variables
+    assert all(not np.allclose(b, a.numpy()) for b, a in zip(before, after))  # one Adam moved both nets
+
+
+def test_joint_loss_normalises_advantages_per_minibatch():
+    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(**ZOO))
+    obs, act, adv, old_logp, ret = joint_batch(agent)
+    a = agent._joint_loss(obs, act, adv, old_logp, ret)
+    b = agent._joint_loss(obs, act, 3.0 * adv + 5.0, old_logp, ret)
+    np.testing.assert_allclose([float(x) for x in a], [float(x) for x in b], rtol=1e-5)
+
+
+@pytest.mark.parametrize("flags", [{"loss": "kl"}, {"loss": "clip"}, ZOO], ids=["kl", "clip", "zoo"])
+def test_update_moves_policy_and_bumps_version(flags):
+    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(**flags))
     s = samplers.LocalSampler(ENV, seed=0)
     try:
         params = agent.params()
@@ -281,6 +385,65 @@ def test_plot_scripts_write_png(trained_runs, tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     bad = run_main("plotcurve.py", ["-x", "no_such_column", "-i", single, "-o", out1])
     assert bad.returncode == 2 and "no column 'no_such_column'" in bad.stderr
+
+
+def checked_args(argv):
+    """Flags through add_arguments and check_arguments, as the mains do (SystemExit 2 on a bad one)."""
+    parser = ppo.add_arguments(ppo.argparse.ArgumentParser(), 1000, 1)
+    args = parser.parse_args(argv)
+    ppo.check_arguments(parser, args)
+    return args
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hidden", "256,x"], "--hidden must be comma-separated positive widths such as 256,256, got '256,x'"),
+    (["--hidden", "256,0"], "--hidden must be comma-separated positive widths"),
+    (["--hidden", ","], "--hidden must be comma-separated positive widths"),
+    (["--log_std_init", "-2"], "--log_std_init needs --hidden"),
+    (["--value_fit", "joint"], "--value_fit joint needs --loss clip, got --loss kl"),
+    (["--loss", "clip", "--value_fit", "joint", "--clip_minibatch", "1"], "--clip_minibatch must be >= 2"),
+    (["--obs_clip", "0"], "--obs_clip must be > 0, got 0.0"),
+    (["--vf_coef", "-1"], "--vf_coef must be > 0, got -1.0"),
+    (["--adam_eps", "0"], "--adam_eps must be > 0"),
+    (["--activation", "gelu"], "invalid choice: 'gelu'"),
+    (["--value_fit", "both"], "invalid choice: 'both'"),
+])
+def test_new_flags_get_one_clear_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        checked_args([ENV] + argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_defaults_keep_walle_nets_rewards_and_update():
+    args = checked_args([ENV])
+    assert (args.hidden, args.activation, args.log_std_init, args.norm_reward, args.obs_clip, args.value_fit,
+            args.adam_eps) == ("", "tanh", None, False, 10.0, "separate", 1e-8)
+    agent = ppo.PPO(OBS_DIM, ACT_DIM, args)
+    assert agent.reward_normaliser is None and agent.policy.log_std is None and agent.policy.widths == (30, 17, 10)
+    assert agent.params()["activation"] == "tanh" and agent.params()["obs_clip"] == 10.0
+    assert hasattr(agent, "value_opt") and not hasattr(agent, "joint_opt")
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("ppo_halfcheetah", os.path.join(ROOT, "bench", "ppo_halfcheetah.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_zoo_variant_is_the_rl_zoo_recipe():
+    """rl-baselines3-zoo hyperparams/ppo.yml, HalfCheetah-v3/v4, in our flags (bench/ppo_halfcheetah.py)."""
+    bench = load_bench()
+    args = checked_args([ENV, "-n", str(bench.VARIANT_SAMPLERS["zoo"])] + bench.VARIANTS["zoo"])
+    got = {k: getattr(args, k) for k in ("batch_size", "num_samplers", "loss", "value_fit", "clip_minibatch",
+                                         "clip_epochs", "gamma", "lam", "policy_lr", "ent_coef", "clip",
+                                         "max_grad_norm", "vf_coef", "adam_eps", "target_kl", "hidden",
+                                         "activation", "log_std_init", "norm_reward", "obs_clip")}
+    assert got == {"batch_size": 512, "num_samplers": 2, "loss": "clip", "value_fit": "joint", "clip_minibatch": 64,
+                   "clip_epochs": 20, "gamma": 0.98, "lam": 0.92, "policy_lr": 2.0633e-05, "ent_coef": 0.000401762,
+                   "clip": 0.1, "max_grad_norm": 0.8, "vf_coef": 0.58096, "adam_eps": 1e-5, "target_kl": 0.0,
+                   "hidden": "256,256", "activation": "relu", "log_std_init": -2.0, "norm_reward": True,
+                   "obs_clip": 10.0}
 
 
 def test_bad_flags_get_one_clear_error():

@@ -169,7 +169,7 @@ class PPO:
         self.previous = None  # last batch's (obs, value targets): replayed in the value fit
         self._kl_step = tf.function(self._kl_step_impl, reduce_retracing=True)
         self._clip_step = tf.function(self._clip_step_impl, reduce_retracing=True)
-        self._joint_step = tf.function(self._joint_step_impl, reduce_retracing=True)
+        self._joint_epoch = tf.function(self._joint_epoch_impl, reduce_retracing=True)
         self._value_step = tf.function(self._value_step_impl, reduce_retracing=True)
         self._policy_stats = tf.function(self._policy_stats_impl, reduce_retracing=True)
         self._values = tf.function(self.value, reduce_retracing=True)
@@ -251,6 +251,15 @@ class PPO:
         self.joint_opt.apply(grads, variables)
         return loss, value_loss
 
+    def _joint_epoch_impl(self, obs, act, adv, old_logp, ret, minibatches):
+        """One pass: a joint step on each row of minibatches [k, size] (indices into the batch),
+        in order, in one call (k is static: the loop is unrolled); the k value losses."""
+        value_losses = []
+        for i in range(minibatches.shape[0]):
+            _, value_loss = self._joint_step_impl(*(tf.gather(x, minibatches[i]) for x in (obs, act, adv, old_logp, ret)))
+            value_losses.append(value_loss)
+        return tf.stack(value_losses)
+
     def _value_step_impl(self, obs, targets):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(self.value(obs) - targets))
@@ -316,16 +325,17 @@ class PPO:
         if self.args.loss == "kl":
             return self._kl_epochs(batch), None
         if self.args.value_fit == "separate":
-            return self._minibatch_epochs(batch, lambda idx: self._clip_step(
-                *(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))), None
+            def clip_epoch(minibatches):
+                for idx in minibatches:
+                    self._clip_step(*(tf.gather(batch[i], idx) for i in (0, 1, 2, 5)))
+            return self._minibatch_epochs(batch, clip_epoch), None
         joint_batch, value_losses = (batch[0], batch[1], batch[2], batch[5], ret), []
 
-        def joint_step(idx):
-            _, value_loss = self._joint_step(*(tf.gather(x, idx) for x in joint_batch))
-            value_losses.append(float(value_loss))
+        def joint_epoch(minibatches):  # one TensorFlow call per pass, not one per minibatch
+            value_losses.append(self._joint_epoch(*joint_batch, tf.constant(minibatches)).numpy())
 
-        epochs_run = self._minibatch_epochs(batch, joint_step)
-        return epochs_run, float(np.mean(value_losses[-(len(value_losses) // epochs_run):]))
+        epochs_run = self._minibatch_epochs(batch, joint_epoch)
+        return epochs_run, float(np.mean(value_losses[-1]))
 
     def _kl_epochs(self, batch):
         """Up to --policy_epochs full-batch steps, then beta and the learning rate adapt."""
@@ -347,16 +357,16 @@ class PPO:
                 self.lr_multiplier *= 1.5
         return epochs_run
 
-    def _minibatch_epochs(self, batch, step):
-        """--clip_epochs passes, each calling step(indices) on shuffled minibatches of
-        --clip_minibatch (a remainder left out); stops early above --target_kl."""
+    def _minibatch_epochs(self, batch, epoch):
+        """--clip_epochs passes, each calling epoch(minibatches [k, size]) with a shuffle of the
+        batch cut into minibatches of --clip_minibatch (a remainder left out); stops early above
+        --target_kl."""
         args = self.args
         n, size = len(batch[0]), min(args.clip_minibatch, len(batch[0]))
         epochs_run = 0
         for _ in range(args.clip_epochs):
             order = self.rng.permutation(n)
-            for start in range(0, n - size + 1, size):
-                step(order[start:start + size])
+            epoch(order[:n // size * size].reshape(n // size, size))
             epochs_run += 1
             if args.target_kl and float(self._policy_stats(*batch)[0]) > args.target_kl:
                 break

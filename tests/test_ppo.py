@@ -293,11 +293,25 @@ def test_joint_update_decreases_its_loss_on_a_fixed_batch():
     before = [v.numpy() for v in agent.policy.trainable_variables + agent.value.trainable_variables]
     loss0, value_loss0 = (float(x) for x in agent._joint_loss(*batch))
     for _ in range(30):
-        agent._joint_step(*batch)
+        agent._joint_epoch(*batch, ppo.tf.constant(np.arange(64).reshape(1, 64)))
     loss1, value_loss1 = (float(x) for x in agent._joint_loss(*batch))
     assert loss1 < loss0 - 0.1 and value_loss1 < value_loss0
     after = agent.policy.trainable_variables + agent.value.trainable_variables
     assert all(not np.allclose(b, a.numpy()) for b, a in zip(before, after))  # one Adam moved both nets
+
+
+def test_a_joint_epoch_in_one_call_equals_its_minibatch_steps_one_by_one():
+    args = agent_args(**dict(ZOO, policy_lr=1e-3))
+    one_call, by_step = ppo.PPO(OBS_DIM, ACT_DIM, args), ppo.PPO(OBS_DIM, ACT_DIM, args)
+    batch = joint_batch(one_call)
+    minibatches = np.random.default_rng(3).permutation(64).reshape(4, 16)
+    losses = one_call._joint_epoch(*batch, ppo.tf.constant(minibatches)).numpy()
+    step = ppo.tf.function(by_step._joint_step_impl)
+    expected = [float(step(*(ppo.tf.gather(x, idx) for x in batch))[1]) for idx in minibatches]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    for a, b in zip(one_call.policy.trainable_variables + one_call.value.trainable_variables,
+                    by_step.policy.trainable_variables + by_step.value.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_joint_loss_normalises_advantages_per_minibatch():

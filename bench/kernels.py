@@ -2,12 +2,10 @@
 
   .venv/bin/python bench/kernels.py onednn --rounds 2
   .venv/bin/python bench/kernels.py compute_dtype --rounds 3
-  .venv/bin/python bench/kernels.py first_conv --rounds 3
 
 Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
-TensorFlow reads once at import), `compute_dtype` (--compute_dtype=float32/bfloat16, the
-agent's torso) and `first_conv` (SimpleConvTorso's strided first conv as tf.nn.conv2d with
-strides, or as nets.conv.strided_conv_as_dense: a stride-1 conv on space_to_depth frames). Each setting runs in its own process; the settings alternate for --rounds
+TensorFlow reads once at import) and `compute_dtype` (--compute_dtype=float32/bfloat16, the
+agent's torso). Each setting runs in its own process; the settings alternate for --rounds
 rounds and the table gives, per workload, the median time of each and the ratio of the
 first setting's time to the second's measured in this invocation (> 1: the second is faster).
 The learner update runs with TensorFlow's default threads (all cores), as the learner does;
@@ -35,15 +33,12 @@ WORKLOADS = {
     "cartpole": ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=16",
                  "--envs_per_actor=16", "--optimizer=adam", "--num_sgd_iter=8", "--clip_param=0.2"],
 }
-PLAIN_FIRST_CONV = "KERNELS_PLAIN_FIRST_CONV"  # set: the child runs the first conv as tf.nn.conv2d strides
 # lever -> its two settings: (label, environment, experiment.py flags)
 LEVERS = {
     "onednn": [("oneDNN off", {"TF_ENABLE_ONEDNN_OPTS": "0"}, []),
                ("oneDNN on", {"TF_ENABLE_ONEDNN_OPTS": "1"}, [])],
     "compute_dtype": [("float32", {}, ["--compute_dtype=float32"]),
                       ("bfloat16", {}, ["--compute_dtype=bfloat16"])],
-    "first_conv": [("strided conv", {PLAIN_FIRST_CONV: "1"}, []),
-                   ("space_to_depth", {}, [])],
 }
 PARTS = {"update_s": "learner update", "step_s": "actor step"}
 
@@ -85,11 +80,6 @@ def measure(part, argv, reps):
     """In this process (the setting as the environment and argv say): seconds per update
     (part update_s) or per actor step (part step_s, 1 TensorFlow thread)."""
     import tensorflow as tf
-    if os.environ.get(PLAIN_FIRST_CONV) == "1":
-        sys.path.insert(0, ROOT)
-        import nets.conv
-        nets.conv.strided_conv_as_dense = lambda x, w, b, s: tf.nn.conv2d(
-            x, tf.cast(w, x.dtype), s, "VALID") + tf.cast(b, x.dtype)
     if part == "step_s":
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)

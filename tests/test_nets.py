@@ -171,25 +171,6 @@ def test_simple_conv_fits_its_first_conv_to_the_frame_size(size, kernel, stride)
     assert x.shape == (1, 9, 9, 32)
 
 
-@pytest.mark.parametrize("hw,kernel,stride", [((84, 84), 8, 4), ((42, 42), 4, 2), ((87, 86), 8, 4), ((9, 10), 4, 2)])
-def test_the_first_conv_as_a_dense_conv_on_space_to_depth_equals_the_strided_conv(hw, kernel, stride):
-    """Outputs and gradients of nets.conv.strided_conv_as_dense match tf.nn.conv2d's own strided
-    conv, also where a VALID conv leaves rows and columns unread (87x86)."""
-    from nets.conv import strided_conv_as_dense
-    rng = np.random.default_rng(1)
-    x = tf.constant(rng.random((3,) + hw + (4,)), tf.float32)
-    w = tf.Variable(rng.standard_normal((kernel, kernel, 4, 16)) * 0.1, dtype=tf.float32)
-    b = tf.Variable(rng.standard_normal(16), dtype=tf.float32)
-    with tf.GradientTape(persistent=True) as tape:
-        ref = tf.nn.conv2d(x, w, stride, "VALID") + b
-        out = strided_conv_as_dense(x, w, b, stride)
-        ref_loss, loss = tf.reduce_sum(tf.square(ref)), tf.reduce_sum(tf.square(out))
-    assert out.shape == ref.shape
-    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
-    for g, r in zip(tape.gradient(loss, [w, b]), tape.gradient(ref_loss, [w, b])):
-        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-3)
-
-
 def test_uint8_frames_are_scaled_to_unit_floats():
     agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
     frames = observations("SimpleConvNetAgent", (2,))

@@ -35,6 +35,7 @@ Writes <logdir>/progress.csv (one row per iteration) and TensorBoard scalars.
 """
 import argparse
 import csv
+import json
 import math
 import os
 import signal
@@ -453,6 +454,9 @@ def add_arguments(parser, default_batch_size, default_num_samplers):
     parser.add_argument("--sampler_timeout", type=float, default=600.0,
                         help="seconds without a message before a live sampler counts as stuck")
     parser.add_argument("--quiet", action="store_true", help="no per-iteration console line")
+    parser.add_argument("--eval_episodes", type=int, default=0,
+                        help="after training, this many episodes with the policy's mean action "
+                             "(no noise), written to <logdir>/eval.json (0: none)")
     return parser
 
 
@@ -469,7 +473,7 @@ def check_arguments(parser, args):
     for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip", "vf_coef", "adam_eps"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
-    for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr"):
+    for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr", "eval_episodes"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
     _check_net_and_update(parser, args)
@@ -510,6 +514,18 @@ def _interrupt(signum, frame):
 def _fmt(x):
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else (
         f"{x:.6g}" if isinstance(x, float) else str(x))
+
+
+def write_eval(args, params, steps, logdir):
+    """--eval_episodes: the final policy's deterministic returns -> <logdir>/eval.json."""
+    t0 = time.time()
+    returns = samplers_lib.evaluate(args.env_name, params, args.eval_episodes, seed=args.seed + 10_000)
+    result = {"steps": steps, "episodes": len(returns), "return_mean": float(np.mean(returns)),
+              "return_std": float(np.std(returns)), "returns": returns, "seconds": time.time() - t0}
+    with open(os.path.join(logdir, "eval.json"), "w") as f:
+        json.dump(result, f)
+    print(f"eval after {steps} steps: mean return {result['return_mean']:.1f} over {len(returns)} "
+          f"episodes (policy mean, no noise)", flush=True)
 
 
 def train(args, spec):
@@ -573,6 +589,8 @@ def train(args, spec):
                       f"| ent {stats['entropy']:6.2f} | beta {stats['beta']:.3g}", flush=True)
             if args.max_steps and steps + args.batch_size > args.max_steps:
                 break  # the next iteration would go past the step budget
+        if args.eval_episodes:
+            write_eval(args, agent.params(), steps, logdir)
     except KeyboardInterrupt:
         print("interrupted: stopping the samplers", file=sys.stderr, flush=True)
         status = 130

@@ -81,6 +81,26 @@ def policy_mean(layers, x, activation="tanh"):
     return x @ w + b
 
 
+def evaluate(env_id, params, episodes, seed):
+    """Returns of `episodes` whole episodes acting with the policy's mean (no exploration
+    noise), as rl-baselines3-zoo evaluates (deterministic=True); env seeds seed, seed + 1, ..."""
+    env, returns = envs.make_env(env_id, seed=seed), []
+    try:
+        low, high = env.action_space.low, env.action_space.high
+        for i in range(episodes):
+            obs, _ = env.reset(seed=seed + i)
+            total, done = 0.0, False
+            while not done:
+                x = normalise_obs(obs, params["obs_mean"], params["obs_std"], params["obs_clip"])
+                mean = policy_mean(params["layers"], x, params["activation"])
+                obs, reward, terminated, truncated, _ = env.step(np.clip(mean, low, high))
+                total, done = total + float(reward), terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
 def split_steps(total_steps, num_samplers):
     """Step shares that add up to exactly `total_steps`."""
     base, extra = divmod(total_steps, num_samplers)

@@ -26,6 +26,7 @@ final and best score, steps and time to --target).
 """
 import argparse
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -60,7 +61,16 @@ def read_rows(logdir):
         return list(csv.DictReader(f))
 
 
-def summarise(variant, seed, num_samplers, rows, target, wall_s, status):
+def read_eval(logdir):
+    """The deterministic evaluation's mean return (ppo.py --eval_episodes), NaN without one."""
+    path = os.path.join(logdir, "eval.json")
+    if not os.path.exists(path):
+        return float("nan")
+    with open(path) as f:
+        return float(json.load(f)["return_mean"])
+
+
+def summarise(variant, seed, num_samplers, rows, target, wall_s, status, eval_score=float("nan")):
     scored = [r for r in rows if r[SCORE] != ""]
     hit = next((r for r in scored if float(r[SCORE]) >= target), None)
     return {"variant": variant, "seed": seed, "num_samplers": num_samplers, "exit_status": status,
@@ -69,17 +79,21 @@ def summarise(variant, seed, num_samplers, rows, target, wall_s, status):
             "best_score": max((float(r[SCORE]) for r in scored), default=float("nan")),
             "steps_to_target": int(hit["steps"]) if hit else -1,
             "time_to_target_s": float(hit["time"]) if hit else float("nan"),
-            "wall_s": wall_s}
+            "wall_s": wall_s, "eval_score": eval_score}
 
 
 def over_seeds(summaries, target):
-    """Markdown lines: each variant's final score averaged over its seeds, against the target."""
-    lines = ["", "| variant | seeds | mean final | min final | mean final >= target |", "|---|---|---|---|---|"]
+    """Markdown lines: per variant, the final training score and the deterministic evaluation,
+    mean and min over its seeds, and whether every seed reached the target."""
+    lines = ["", "| variant | seeds | final: mean / min | every seed >= target | eval: mean / min | every seed >= target |",
+             "|---|---|---|---|---|---|"]
     for variant in dict.fromkeys(s["variant"] for s in summaries):
-        finals = [s["final_score"] for s in summaries if s["variant"] == variant]
-        mean = sum(finals) / len(finals)
-        lines.append(f"| {variant} | {len(finals)} | {mean:.0f} | {min(finals):.0f} | "
-                     f"{'yes' if mean >= target else 'no'} |")
+        runs = [s for s in summaries if s["variant"] == variant]
+        cells = []
+        for key in ("final_score", "eval_score"):
+            xs = [s[key] for s in runs]
+            cells += [f"{sum(xs) / len(xs):.0f} / {min(xs):.0f}", "yes" if min(xs) >= target else "**no**"]
+        lines.append(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -91,6 +105,8 @@ def main():
     p.add_argument("--target", type=float, default=3000.0, help="score to reach within the budget")
     p.add_argument("-n", "--num_samplers", type=int, default=None,
                    help="sampler processes per run (default: the variant's own, 2 for zoo, else 1)")
+    p.add_argument("--eval_episodes", type=int, default=10,
+                   help="episodes of the final policy's mean action after each run (the eval column)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--keep", action="store_true", help="keep earlier runs' folders (default: start afresh)")
     a = p.parse_args()
@@ -108,15 +124,18 @@ def main():
             n = a.num_samplers or VARIANT_SAMPLERS.get(variant, 1)
             cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5",
                    "-it", "1000000", "--max_steps", str(a.budget), "-n", str(n),
-                   "--seed", str(seed), "--logdir", logdir, "--quiet"] + VARIANTS[variant]
+                   "--seed", str(seed), "--logdir", logdir, "--quiet",
+                   "--eval_episodes", str(a.eval_episodes)] + VARIANTS[variant]
             print(f"[{variant} seed {seed}] {' '.join(cmd[1:])}", flush=True)
             t0 = time.time()
             status = subprocess.call(cmd, cwd=ROOT)  # Ctrl-C reaches it too: it stops its samplers
             rows = read_rows(logdir)
-            summaries.append(summarise(variant, seed, n, rows, a.target, time.time() - t0, status))
+            summaries.append(summarise(variant, seed, n, rows, a.target, time.time() - t0, status,
+                                       read_eval(logdir)))
             curves += [dict({k: r[k] for k in CURVE_FIELDS[2:]}, variant=variant, seed=seed) for r in rows]
             s = summaries[-1]
             print(f"[{variant} seed {seed}] exit {status}: {s['steps']} steps, final {s['final_score']:.0f}, "
+                  f"eval {s['eval_score']:.0f}, "
                   f"best {s['best_score']:.0f}, steps to {a.target:.0f}: {s['steps_to_target']}, "
                   f"wall {s['wall_s']:.0f} s", flush=True)
             if status == 130:
@@ -127,10 +146,14 @@ def main():
         w.writeheader()
         w.writerows(curves)
     lines = [f"# HalfCheetah-v5, WALL-E PPO, {a.budget} env steps per run, target {a.target:.0f} ({SCORE})\n",
-             "| variant | seed | -n | steps | final | best | steps to target | time to target (s) | wall (s) | exit |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"final: {SCORE}, the mean training return of the last 10 episodes (exploration noise on); eval: "
+             f"the final policy's mean action, mean return of {a.eval_episodes} episodes (as rl-zoo's "
+             f"deterministic evaluation).\n",
+             "| variant | seed | -n | steps | final | eval | best | steps to target | time to target (s) | wall (s) | exit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         lines.append(f"| {s['variant']} | {s['seed']} | {s['num_samplers']} | {s['steps']} | {s['final_score']:.0f} "
+                     f"| {s['eval_score']:.0f} "
                      f"| {s['best_score']:.0f} "
                      f"| {s['steps_to_target'] if s['steps_to_target'] >= 0 else 'not reached'} "
                      f"| {s['time_to_target_s']:.0f} | {s['wall_s']:.0f} | {s['exit_status']} |")

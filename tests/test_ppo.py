@@ -5,6 +5,7 @@ runs of both mains with progress.csv, and the plot scripts."""
 import csv
 import glob
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -358,13 +359,31 @@ def trained_runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("ppo_runs")
     runs = {}
     for name, script, extra in [("single", "ppo_main.py", ["-b", "300"]),
-                                ("parallel", "ppo_parallel_main.py", ["-b", "301", "-n", "2", "--loss", "clip"]),
+                                ("parallel", "ppo_parallel_main.py", ["-b", "301", "-n", "2", "--loss", "clip",
+                                                                      "--eval_episodes", "2"]),
                                 ("parallel_again", "ppo_parallel_main.py", ["-b", "301", "-n", "2", "--loss", "clip"])]:
         logdir = str(base / name)
         proc = run_main(script, [ENV, "-it", "3", "--logdir", logdir] + extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = (logdir, proc)
     return runs
+
+
+def test_eval_episodes_writes_the_final_policys_deterministic_returns(trained_runs):
+    logdir, proc = trained_runs["parallel"]
+    with open(os.path.join(logdir, "eval.json")) as f:
+        result = json.load(f)
+    assert result["steps"] == 3 * 301 and result["episodes"] == len(result["returns"]) == 2
+    assert all(-2000 < r <= 0 for r in result["returns"])  # Pendulum: 200 steps of reward in [-16.3, 0]
+    assert result["return_mean"] == pytest.approx(np.mean(result["returns"]))
+    assert "eval after 903 steps" in proc.stdout
+    assert not os.path.exists(os.path.join(trained_runs["single"][0], "eval.json"))  # off by default
+
+
+def test_evaluate_acts_with_the_policy_mean_and_is_repeatable():
+    params = make_params(0, logvar=3.0)  # wide noise that the evaluation must not use
+    first = samplers.evaluate(ENV, params, 2, seed=5)
+    assert len(first) == 2 and first == samplers.evaluate(ENV, params, 2, seed=5)
 
 
 def test_mains_write_progress_and_tensorboard(trained_runs):

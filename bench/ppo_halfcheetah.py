@@ -28,10 +28,12 @@ import argparse
 import csv
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import time
+from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -158,6 +160,10 @@ def main():
                      f"| {s['steps_to_target'] if s['steps_to_target'] >= 0 else 'not reached'} "
                      f"| {s['time_to_target_s']:.0f} | {s['wall_s']:.0f} | {s['exit_status']} |")
     lines += over_seeds(summaries, a.target)
+    lines += ["", "Command: `.venv/bin/python bench/ppo_halfcheetah.py %s`" % " ".join(sys.argv[1:]), "",
+              "Machine: %d cores, %s; %s." % (os.cpu_count(), platform.processor() or platform.machine(), ", ".join(
+                  "%s %s" % (n, metadata.version(n)) for n in ("tensorflow-cpu", "mujoco", "gymnasium"))),
+              "Date: %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
     with open(os.path.join(a.out, "ppo_halfcheetah.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -528,6 +528,70 @@ def write_eval(args, params, steps, logdir):
           f"episodes (policy mean, no noise)", flush=True)
 
 
+class ProgressLog:
+    """One row per iteration to <logdir>/progress.csv, TensorBoard and (unless --quiet) the console."""
+
+    def __init__(self, logdir, quiet):
+        self.quiet = quiet
+        self.writer = tf.summary.create_file_writer(logdir)
+        self.file = open(os.path.join(logdir, "progress.csv"), "w", newline="")
+        self.csv = csv.DictWriter(self.file, PROGRESS_FIELDS)
+        self.csv.writeheader()
+
+    def write(self, row):
+        self.csv.writerow({k: _fmt(row[k]) for k in PROGRESS_FIELDS})
+        self.file.flush()
+        with self.writer.as_default(step=row["steps"]):
+            for k in PROGRESS_FIELDS:
+                if k not in ("iteration", "steps") and row[k] is not None:
+                    tf.summary.scalar(k, row[k])
+        if not self.quiet:
+            ret = (f"{row['return_mean']:9.1f} ({row['episodes']} ep)" if row["episodes"] else f"{'-':>9} (0 ep)")
+            print(f"it {row['iteration']:5d} | steps {row['steps']:9d} | return {ret} | last10 "
+                  f"{_fmt(row['return_last10']) or '-':>8} | collect {row['collect_time']:6.2f}s "
+                  f"({100 * row['collect_share']:3.0f}%) | learn {row['learn_time']:6.2f}s | kl {row['kl']:.4f} "
+                  f"| ent {row['entropy']:6.2f} | beta {row['beta']:.3g}", flush=True)
+
+    def close(self):
+        self.file.close()
+        self.writer.close()
+
+
+def iteration_row(stats, rollouts, params, collect_time, learn_time, **counters):
+    """The progress row of one iteration: the update's stats, the episodes that ended, timings;
+    counters: iteration, steps, time, return_last10."""
+    returns = [x for r in rollouts for x in r["episode_returns"]]
+    lengths = [x for r in rollouts for x in r["episode_lengths"]]
+    collected = sum(len(r["reward"]) for r in rollouts)
+    return dict(stats, **counters, episodes=len(returns), version=params["version"],
+                return_mean=float(np.mean(returns)) if returns else None,
+                episode_length=float(np.mean(lengths)) if lengths else None,
+                collect_time=collect_time, learn_time=learn_time,
+                collect_share=collect_time / (collect_time + learn_time),
+                learn_share=learn_time / (collect_time + learn_time),
+                steps_per_s=collected / (collect_time + learn_time))
+
+
+def run_iterations(args, agent, samplers, log):
+    """Collect -> update -> log until --iterations or the --max_steps budget; returns the steps."""
+    steps, recent, t_start = 0, [], time.time()
+    for iteration in range(1, args.iterations + 1):
+        params = agent.params()
+        t0 = time.perf_counter()
+        rollouts = samplers.collect(params, args.batch_size)
+        t1 = time.perf_counter()
+        stats = agent.update(rollouts, params)
+        learn_time = time.perf_counter() - t1
+        recent = (recent + [x for r in rollouts for x in r["episode_returns"]])[-10:]
+        steps += sum(len(r["reward"]) for r in rollouts)
+        log.write(iteration_row(stats, rollouts, params, t1 - t0, learn_time, iteration=iteration, steps=steps,
+                                time=time.time() - t_start,
+                                return_last10=float(np.mean(recent)) if recent else None))
+        if args.max_steps and steps + args.batch_size > args.max_steps:
+            break  # the next iteration would go past the step budget
+    return steps
+
+
 def train(args, spec):
     """Runs the training loop; returns the process exit status (0 ok, 1 sampler failure, 130 interrupted)."""
     logdir = args.logdir or os.path.join(
@@ -540,10 +604,7 @@ def train(args, spec):
     # ignored, and Python then installs no KeyboardInterrupt handler: make kill -INT work.
     old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     agent = PPO(spec.obs_shape[0], spec.action_dim, args)
-    writer = tf.summary.create_file_writer(logdir)
-    csv_file = open(os.path.join(logdir, "progress.csv"), "w", newline="")
-    progress = csv.DictWriter(csv_file, PROGRESS_FIELDS)
-    progress.writeheader()
+    log = ProgressLog(logdir, args.quiet)
     samplers, status = None, 0
     try:
         samplers = samplers_lib.make_samplers(args.env_name, args.num_samplers, args.seed, args.sampler_timeout)
@@ -553,42 +614,7 @@ def train(args, spec):
         print(f"PPO ({args.loss}) on {args.env_name}: {args.num_samplers} sampler(s), {args.batch_size} "
               f"steps/iteration, policy {agent.policy.widths}, value {agent.value.widths}, logdir {logdir}",
               flush=True)
-        steps, recent, t_start = 0, [], time.time()
-        for iteration in range(1, args.iterations + 1):
-            params = agent.params()
-            t0 = time.perf_counter()
-            rollouts = samplers.collect(params, args.batch_size)
-            t1 = time.perf_counter()
-            stats = agent.update(rollouts, params)
-            t2 = time.perf_counter()
-            collect_time, learn_time = t1 - t0, t2 - t1
-            returns = [x for r in rollouts for x in r["episode_returns"]]
-            lengths = [x for r in rollouts for x in r["episode_lengths"]]
-            recent = (recent + returns)[-10:]
-            steps += sum(len(r["reward"]) for r in rollouts)
-            row = dict(stats, iteration=iteration, steps=steps, time=time.time() - t_start,
-                       episodes=len(returns), version=params["version"],
-                       return_mean=float(np.mean(returns)) if returns else None,
-                       return_last10=float(np.mean(recent)) if recent else None,
-                       episode_length=float(np.mean(lengths)) if lengths else None,
-                       collect_time=collect_time, learn_time=learn_time,
-                       collect_share=collect_time / (collect_time + learn_time),
-                       learn_share=learn_time / (collect_time + learn_time),
-                       steps_per_s=args.batch_size / (collect_time + learn_time))
-            progress.writerow({k: _fmt(row[k]) for k in PROGRESS_FIELDS})
-            csv_file.flush()
-            with writer.as_default(step=steps):
-                for k in PROGRESS_FIELDS:
-                    if k not in ("iteration", "steps") and row[k] is not None:
-                        tf.summary.scalar(k, row[k])
-            if not args.quiet:
-                ret = f"{row['return_mean']:9.1f} ({len(returns)} ep)" if returns else f"{'-':>9} (0 ep)"
-                print(f"it {iteration:5d} | steps {steps:9d} | return {ret} | last10 "
-                      f"{_fmt(row['return_last10']) or '-':>8} | collect {collect_time:6.2f}s "
-                      f"({100 * row['collect_share']:3.0f}%) | learn {learn_time:6.2f}s | kl {stats['kl']:.4f} "
-                      f"| ent {stats['entropy']:6.2f} | beta {stats['beta']:.3g}", flush=True)
-            if args.max_steps and steps + args.batch_size > args.max_steps:
-                break  # the next iteration would go past the step budget
+        steps = run_iterations(args, agent, samplers, log)
         if args.eval_episodes:
             write_eval(args, agent.params(), steps, logdir)
     except KeyboardInterrupt:
@@ -600,8 +626,7 @@ def train(args, spec):
     finally:
         if samplers is not None:
             samplers.close()
-        csv_file.close()
-        writer.close()
+        log.close()
         signal.signal(signal.SIGTERM, old_sigterm)
         signal.signal(signal.SIGINT, old_sigint)
     return status

@@ -99,54 +99,28 @@ def over_seeds(summaries, target):
     return lines
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=["kl"], choices=sorted(VARIANTS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--budget", type=int, default=1_000_000, help="env steps per run")
-    p.add_argument("--target", type=float, default=3000.0, help="score to reach within the budget")
-    p.add_argument("-n", "--num_samplers", type=int, default=None,
-                   help="sampler processes per run (default: the variant's own, 2 for zoo, else 1)")
-    p.add_argument("--eval_episodes", type=int, default=10,
-                   help="episodes of the final policy's mean action after each run (the eval column)")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--keep", action="store_true", help="keep earlier runs' folders (default: start afresh)")
-    a = p.parse_args()
-    if a.budget < 1 or (a.num_samplers is not None and a.num_samplers < 1):
-        p.error("--budget and -n/--num_samplers must be >= 1")
+def run_one(a, variant, seed, runs_dir):
+    """One ppo_parallel_main.py run; (its summary, its curve rows)."""
+    logdir = os.path.join(runs_dir, f"{variant}_s{seed}")
+    if os.path.isdir(logdir) and not a.keep:
+        shutil.rmtree(logdir)
+    n = a.num_samplers or VARIANT_SAMPLERS.get(variant, 1)
+    cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5",
+           "-it", "1000000", "--max_steps", str(a.budget), "-n", str(n), "--seed", str(seed), "--logdir", logdir,
+           "--quiet", "--eval_episodes", str(a.eval_episodes)] + VARIANTS[variant]
+    print(f"[{variant} seed {seed}] {' '.join(cmd[1:])}", flush=True)
+    t0 = time.time()
+    status = subprocess.call(cmd, cwd=ROOT)  # Ctrl-C reaches it too: it stops its samplers
+    rows = read_rows(logdir)
+    s = summarise(variant, seed, n, rows, a.target, time.time() - t0, status, read_eval(logdir))
+    print(f"[{variant} seed {seed}] exit {status}: {s['steps']} steps, final {s['final_score']:.0f}, "
+          f"eval {s['eval_score']:.0f}, best {s['best_score']:.0f}, steps to {a.target:.0f}: "
+          f"{s['steps_to_target']}, wall {s['wall_s']:.0f} s", flush=True)
+    return s, [dict({k: r[k] for k in CURVE_FIELDS[2:]}, variant=variant, seed=seed) for r in rows]
 
-    runs_dir = os.path.join(a.out, "ppo_halfcheetah_runs")
-    os.makedirs(runs_dir, exist_ok=True)
-    summaries, curves = [], []
-    for variant in a.variants:
-        for seed in a.seeds:
-            logdir = os.path.join(runs_dir, f"{variant}_s{seed}")
-            if os.path.isdir(logdir) and not a.keep:
-                shutil.rmtree(logdir)
-            n = a.num_samplers or VARIANT_SAMPLERS.get(variant, 1)
-            cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5",
-                   "-it", "1000000", "--max_steps", str(a.budget), "-n", str(n),
-                   "--seed", str(seed), "--logdir", logdir, "--quiet",
-                   "--eval_episodes", str(a.eval_episodes)] + VARIANTS[variant]
-            print(f"[{variant} seed {seed}] {' '.join(cmd[1:])}", flush=True)
-            t0 = time.time()
-            status = subprocess.call(cmd, cwd=ROOT)  # Ctrl-C reaches it too: it stops its samplers
-            rows = read_rows(logdir)
-            summaries.append(summarise(variant, seed, n, rows, a.target, time.time() - t0, status,
-                                       read_eval(logdir)))
-            curves += [dict({k: r[k] for k in CURVE_FIELDS[2:]}, variant=variant, seed=seed) for r in rows]
-            s = summaries[-1]
-            print(f"[{variant} seed {seed}] exit {status}: {s['steps']} steps, final {s['final_score']:.0f}, "
-                  f"eval {s['eval_score']:.0f}, "
-                  f"best {s['best_score']:.0f}, steps to {a.target:.0f}: {s['steps_to_target']}, "
-                  f"wall {s['wall_s']:.0f} s", flush=True)
-            if status == 130:
-                break
 
-    with open(os.path.join(a.out, "ppo_halfcheetah.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, CURVE_FIELDS)
-        w.writeheader()
-        w.writerows(curves)
+def report(a, summaries):
+    """The Markdown table of ppo_halfcheetah.md: one row per run, then per variant over seeds."""
     lines = [f"# HalfCheetah-v5, WALL-E PPO, {a.budget} env steps per run, target {a.target:.0f} ({SCORE})\n",
              f"final: {SCORE}, the mean training return of the last 10 episodes (exploration noise on); eval: "
              f"the final policy's mean action, mean return of {a.eval_episodes} episodes (as rl-zoo's "
@@ -154,20 +128,18 @@ def main():
              "| variant | seed | -n | steps | final | eval | best | steps to target | time to target (s) | wall (s) | exit |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
+        reached = s["steps_to_target"] if s["steps_to_target"] >= 0 else "not reached"
         lines.append(f"| {s['variant']} | {s['seed']} | {s['num_samplers']} | {s['steps']} | {s['final_score']:.0f} "
-                     f"| {s['eval_score']:.0f} "
-                     f"| {s['best_score']:.0f} "
-                     f"| {s['steps_to_target'] if s['steps_to_target'] >= 0 else 'not reached'} "
+                     f"| {s['eval_score']:.0f} | {s['best_score']:.0f} | {reached} "
                      f"| {s['time_to_target_s']:.0f} | {s['wall_s']:.0f} | {s['exit_status']} |")
-    lines += over_seeds(summaries, a.target)
-    lines += ["", "Command: `.venv/bin/python bench/ppo_halfcheetah.py %s`" % " ".join(sys.argv[1:]), "",
-              "Machine: %d cores, %s; %s." % (os.cpu_count(), platform.processor() or platform.machine(), ", ".join(
-                  "%s %s" % (n, metadata.version(n)) for n in ("tensorflow-cpu", "mujoco", "gymnasium"))),
-              "Date: %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
-    with open(os.path.join(a.out, "ppo_halfcheetah.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    versions = ", ".join("%s %s" % (n, metadata.version(n)) for n in ("tensorflow-cpu", "mujoco", "gymnasium"))
+    return lines + over_seeds(summaries, a.target) + [
+        "", "Command: `.venv/bin/python bench/ppo_halfcheetah.py %s`" % " ".join(sys.argv[1:]), "",
+        "Machine: %d cores, %s; %s." % (os.cpu_count(), platform.processor() or platform.machine(), versions),
+        "Date: %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
 
+
+def plot(a, runs_dir):
     fig, axes = plotcurve.plt.subplots(1, 2, figsize=(12, 4.5))
     for i, variant in enumerate(a.variants):
         paths = [os.path.join(runs_dir, f"{variant}_s{seed}", "progress.csv") for seed in a.seeds]
@@ -184,6 +156,42 @@ def main():
     fig.suptitle("HalfCheetah-v5, WALL-E PPO")
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "ppo_halfcheetah.png"), dpi=100)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=["kl"], choices=sorted(VARIANTS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--budget", type=int, default=1_000_000, help="env steps per run")
+    p.add_argument("--target", type=float, default=3000.0, help="score to reach within the budget")
+    p.add_argument("-n", "--num_samplers", type=int, default=None,
+                   help="sampler processes per run (default: the variant's own, 2 for zoo, else 1)")
+    p.add_argument("--eval_episodes", type=int, default=10,
+                   help="episodes of the final policy's mean action after each run (the eval column)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--keep", action="store_true", help="keep earlier runs' folders (default: start afresh)")
+    a = p.parse_args()
+    if a.budget < 1 or (a.num_samplers is not None and a.num_samplers < 1):
+        p.error("--budget and -n/--num_samplers must be >= 1")
+    runs_dir = os.path.join(a.out, "ppo_halfcheetah_runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    summaries, curves = [], []
+    for variant in a.variants:
+        for seed in a.seeds:
+            summary, rows = run_one(a, variant, seed, runs_dir)
+            summaries.append(summary)
+            curves += rows
+            if summary["exit_status"] == 130:
+                break
+    with open(os.path.join(a.out, "ppo_halfcheetah.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, CURVE_FIELDS)
+        w.writeheader()
+        w.writerows(curves)
+    lines = report(a, summaries)
+    with open(os.path.join(a.out, "ppo_halfcheetah.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(a, runs_dir)
     print(f"wrote {a.out}/ppo_halfcheetah.csv, .md, .png")
     return 0 if all(s["exit_status"] == 0 for s in summaries) else 1
 

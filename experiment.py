@@ -187,7 +187,7 @@ class UsageError(Exception):
 def log(msg):
     """One write per line: under PYTHONUNBUFFERED print() writes the text and the
     newline separately, and another MPI rank's line can land between them."""
-    sys.stdout.write("%s\n" % msg)
+    sys.stdout.write("%s\n" % (msg,))
     sys.stdout.flush()
 
 

@@ -3,12 +3,12 @@ read from /proc between two snapshots, plus the machine's idle share over the sa
 
   before = cpu_split.snapshot({"learner": [pid], "actors": [pid, pid]})
   ...
-  print(cpu_split.report(before, cpu_split.snapshot(same_roles)))
+  print(cpu_split.report(cpu_split.split(before, cpu_split.snapshot(same_roles))))
 
-Thread kinds: "main" (the Python thread: its interpreter work, and TensorFlow ops it runs
-inline), "tf" (TensorFlow's op thread pools, comm tf_*), "grpc" (transport), "other"
-(in actors with the native env backend, ale-py's env threads). Children of the given pids
-(mpirun's ranks) count for the same role.
+Thread kinds: "main" (each process's Python thread) and "other" (all its other threads:
+TensorFlow's op pools, gRPC, and in actors ale-py's env threads). They are not told apart
+further: with TensorFlow 2.18 and ale-py 0.12 every thread is named after the process
+("python"). Children of the given pids (mpirun's ranks) count for the same role.
 """
 import os
 
@@ -32,15 +32,6 @@ def _tree(pid):
     return out
 
 
-def _kind(pid, tid, comm):
-    if tid == pid:
-        return "main"
-    for prefix in ("tf_", "grpc"):
-        if comm.startswith(prefix):
-            return prefix.rstrip("_")
-    return "other"
-
-
 def _threads(pid):
     """(kind, cpu seconds) for each thread of pid; empty once it has exited."""
     rows = []
@@ -54,9 +45,8 @@ def _threads(pid):
                 stat = f.read()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()  # fields[11], [12]: utime, stime
-        rows.append((_kind(pid, int(tid), comm), (int(fields[11]) + int(fields[12])) / TICK))
+        fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)": fields[11], [12] are utime, stime
+        rows.append(("main" if int(tid) == pid else "other", (int(fields[11]) + int(fields[12])) / TICK))
     return rows
 
 
@@ -86,10 +76,10 @@ def split(before, after):
         return {}
     shares = {"%s/%s" % key: (after["cpu"][key] - before["cpu"].get(key, 0.0)) / total
               for key in after["cpu"]}
-    shares = {k: v for k, v in shares.items() if v >= 0.005}
     shares["idle"] = (after["idle"] - before["idle"]) / total
     shares["other processes"] = max(0.0, 1.0 - sum(shares.values()))
-    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+    shown = {k: v for k, v in shares.items() if v >= 0.005}  # below half a percent: left out of the line
+    return dict(sorted(shown.items(), key=lambda kv: -kv[1]))
 
 
 def report(shares):

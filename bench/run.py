@@ -108,12 +108,12 @@ def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=(
              "--total_environment_frames=1000000000", "--entropy_cost=0.01", "--learning_rate=0.0006"]
     cluster = LocalCluster(actors, base_port, flags + list(extra), logdir)
     cluster.start()
-    roles = lambda: {"learner": [cluster.learner.pid], "actors": [p.pid for p in cluster.actor_procs]}
+    roles = {"learner": [cluster.learner.pid], "actors": [p.pid for p in cluster.actor_procs]}
     try:
         time.sleep(20)
-        before = cpu_split.snapshot(roles())
+        before = cpu_split.snapshot(roles)
         time.sleep(seconds)
-        shares = cpu_split.split(before, cpu_split.snapshot(roles()))
+        shares = cpu_split.split(before, cpu_split.snapshot(roles))
     finally:
         cluster.stop()
     rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv")))) if os.path.exists(

@@ -4,6 +4,7 @@
   .venv/bin/python bench/run.py cartpole        # wall-clock to CartPole-v1 475: ours vs SB3 PPO, 3 seeds
   .venv/bin/python bench/run.py scaling         # frames/s vs actor count; learner samples/s vs Horovod ranks
   .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
+  .venv/bin/python bench/run.py pong_long --seeds --peers sf rllib   # the peers' own Pong settings, 70 min each
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
 package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
@@ -186,7 +187,7 @@ def spread(xs):
 # Actors: the native vector env (the default backend for Atari) in 2 groups that step while the
 # other infers (bench/actor_overlap.py); the Python backend is measured beside it as the before.
 OURS = (3, 32, ["--compute_dtype=bfloat16"])  # actors, envs per actor, extra flags
-OURS_FLOAT32 = (2, 32, [])  # the layout and precision before the bfloat16 torso
+OURS_STACKS = (3, 32, ["--compute_dtype=bfloat16", "--obs_transfer=stacks"])  # before the newest-frame transfer
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
@@ -216,14 +217,14 @@ def suite_throughput(a, out):
     failed = {"sf": [], "rllib": []}
     trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
     peer_info = {}
-    res = {"ceiling_python": [], "ceiling_native": [], "impala": [], "impala_f32": [], "impala_python": [], "sb3_2": [],
-           "sb3_16": [], "sf": [], "rllib": []}
+    res = {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_stacks", "impala_python",
+                           "sb3_2", "sb3_16", "sf", "rllib")}
     bottleneck = {}
     cores = os.cpu_count()
     for rep in range(a.repeats):
         res["ceiling_python"].append(ceiling.python_fps(level, cores, 20))
         res["ceiling_native"].append(ceiling.native_fps(level, cores, 20))
-        for key, (actors, envs, extra) in (("impala", OURS), ("impala_f32", OURS_FLOAT32),
+        for key, (actors, envs, extra) in (("impala", OURS), ("impala_stacks", OURS_STACKS),
                                            ("impala_python", OURS_PYTHON)):
             fps, breakdown = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
             res[key].append(fps)
@@ -252,10 +253,11 @@ def suite_throughput(a, out):
             ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
              res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
             ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in 2 groups, "
-             "bfloat16 torso" % OURS[:2], res["impala"], "**%.2f of the limit**" % (med["impala"] / limit)),
-            ("ours with %d actors x %d envs and the float32 torso (before the bfloat16 change)" % OURS_FLOAT32[:2],
-             res["impala_f32"], "%.2f of the limit; ours / this = %.2f" % (med["impala_f32"] / limit,
-                                                                         med["impala"] / med["impala_f32"])),
+             "bfloat16 torso, newest frames sent" % OURS[:2], res["impala"],
+             "**%.2f of the limit**" % (med["impala"] / limit)),
+            ("ours sending whole 4-frame stacks (`--obs_transfer=stacks`, before the newest-frame transfer)",
+             res["impala_stacks"], "%.2f of the limit; ours / this = %.2f" % (
+                 med["impala_stacks"] / limit, med["impala"] / med["impala_stacks"])),
             ("ours with the Python env backend (before the native backend), 2 actors, 1 group, float32",
              res["impala_python"],
              "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,
@@ -441,14 +443,12 @@ def suite_pong_long(a, out):
         proc = subprocess.run(cmd, cwd=ROOT)
         if proc.returncode != 0:
             print("Pong seed %d failed (exit %d)" % (seed, proc.returncode), flush=True)
-    runs = []
-    for name in sorted(os.listdir(out)):
-        if name.startswith("pong_long_seed") and name.endswith(".json"):
-            with open(os.path.join(out, name)) as f:
-                runs.append(json.load(f))
+    for peer in a.peers:
+        for seed in a.peer_seeds:
+            run_peer_pong(peer, seed, a.peer_budget_s, a.frames, out)
+    runs = _saved(out, "pong_long_seed")
     if not runs:
         return ["# Pong long suite: no run finished"]
-    runs.sort(key=lambda r: r["seed"])
     lines = ["# Time to PongNoFrameskip-v4 mean return +18 (last 20 games), %d cores" % os.cpu_count(), "",
              "IMPALA/APPO SimpleConvNetAgent at 42x42, 1 learner + 2 actors x 32 envs; each run stops at "
              "+18 or %s frames. Training seconds count from the learner being ready." % _si(a.frames), "",
@@ -468,6 +468,63 @@ def suite_pong_long(a, out):
                   "%.0f s" % median if median != float("inf") else "not reached"),
         "", "Command: `.venv/bin/python bench/run.py pong_long --seeds %s --frames %d`" % (
             " ".join(str(r["seed"]) for r in runs), a.frames)]
+    return lines + peers_pong_table(_saved(out, "pong_long_peer_"))
+
+
+PEER_PONG = {"sf": (SF_PY, "sf_appo.py", "Sample Factory 2.1.1 APPO"),
+             "rllib": (RLLIB_PY, "rllib_appo.py", "RLlib 2.60.0 APPO")}
+
+
+def run_peer_pong(peer, seed, budget_s, frames, out):
+    """A peer's own tuned Pong settings on these cores until its mean return reaches +18, `frames`
+    or `budget_s` (bench/peers/<peer>.py pong); saved as pong_long_peer_<peer>_seed<N>.json."""
+    ensure_peer(peer)
+    py, script, _ = PEER_PONG[peer]
+    args = ["pong", "--seed=%d" % seed, "--budget_s=%g" % budget_s, "--frames=%d" % frames]
+    got = _peer_or_error(py, script, args, budget_s + 900)
+    got.update(peer=peer, seed=seed, budget_s=budget_s,
+               command="%s bench/peers/%s %s" % (os.path.relpath(py, ROOT), script, " ".join(args)))
+    with open(os.path.join(out, "pong_long_peer_%s_seed%d.json" % (peer, seed)), "w") as f:
+        json.dump(got, f, indent=1)
+    print("peer %s seed %d: %s" % (peer, seed, got), flush=True)
+
+
+def _saved(out, prefix):
+    runs = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith(prefix) and name.endswith(".json"):
+            with open(os.path.join(out, name)) as f:
+                runs.append(json.load(f))
+    return sorted(runs, key=lambda r: (r.get("peer", ""), r["seed"]))
+
+
+def peers_pong_table(runs):
+    """The peers' rows of the pong_long table: their time to +18, or where their budget left them."""
+    if not runs:
+        return []
+    lines = ["", "## Peers on the same cores, their own tuned Pong settings", "",
+             "| peer | seed | reached | training s | frames | return | frames/s | net, settings |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        label = PEER_PONG[r["peer"]][2]
+        if "error" in r:
+            lines.append("| %s | %d | error: %s | - | - | - | - | - |" % (label, r["seed"], r["error"]))
+            continue
+        reached = r["reached"]
+        fps = r["frames"] / r["wall_s"] if r.get("wall_s") else float("nan")
+        ret = r.get("return_at_target") if reached else r.get("last_mean_return")
+        lines.append("| %s | %d | %s | %s | %.2fM | %s | %.0f | %s; %s |" % (
+            label, r["seed"], "yes" if reached else "no (stopped after %.0f s)" % r["wall_s"],
+            "%.0f" % r["time_to_target_s"] if reached else "-",
+            (r.get("frames_to_target") or r["frames"]) / 1e6 if reached else r["frames"] / 1e6,
+            "%+.2f" % ret if ret is not None else "-", fps, r.get("net", ""), r.get("config", "")))
+    lines += [""] + ["%s: %s" % (PEER_PONG[r["peer"]][2], r["notes"]) for r in runs if r.get("notes")]
+    lines += ["%s seed %d shared the cores: %s." % (PEER_PONG[r["peer"]][2], r["seed"], r["disturbed"])
+              for r in runs if r.get("disturbed")]
+    lines += ["Frames and return: at +18 where reached, else at the stop; frames/s: over the whole run "
+              "(start-up included)."]
+    lines += ["", "Peer commands (a run stops at +18, at --frames or at --budget_s): %s" % (
+        "; ".join("`%s`" % r["command"] for r in runs if r.get("command")))]
     return lines
 
 
@@ -492,6 +549,10 @@ def main():
     p.add_argument("--frames", type=int, default=10_000_000)
     p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
     p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
+    p.add_argument("--peers", nargs="*", default=[], choices=sorted(PEER_PONG),
+                   help="pong_long: also run these peers' own tuned Pong settings, one run per seed")
+    p.add_argument("--peer_seeds", type=int, nargs="+", default=[1], help="pong_long: seeds of the peer runs")
+    p.add_argument("--peer_budget_s", type=float, default=4200, help="pong_long: time budget of each peer run")
     p.add_argument("--base_port", type=int, default=19100)
     p.add_argument("--out", default=None, help="default bench/results/<machine>/")
     a = p.parse_args()

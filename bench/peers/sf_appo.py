@@ -237,7 +237,7 @@ def pong(a):
             # "Avg episode reward" is SF's mean over its last stats_avg (=100) episodes; the
             # mean of the last 20 is not in its log, so the 100-episode mean is the (stricter) test.
             if hit is None and child.rewards and child.rewards[-1][1] >= a.target:
-                hit = child.rewards[-1]
+                hit = child.rewards[-1] + (child.reports[-1][1] if child.reports else 0,)  # (t, return, frames)
                 break
             frames = child.reports[-1][1] if child.reports else 0
             if frames >= a.frames or time.time() - t0 > a.budget_s:
@@ -253,6 +253,8 @@ def pong(a):
            "reached": hit is not None,
            "time_to_target_s": hit[0] - first if hit else float("nan"),
            "from_launch_s": hit[0] - t0 if hit else float("nan"),
+           "frames_to_target": hit[2] if hit else None, "return_at_target": hit[1] if hit else None,
+           # at the stop, which SF keeps logging through (up to 30 s after the SIGINT)
            "frames": child.reports[-1][1] if child.reports else 0,
            "last_mean_return": child.rewards[-1][1] if child.rewards else None,
            "wall_s": wall, "stopped_by": how, "net": NET_ATARI,

@@ -27,9 +27,25 @@ def screen(flags):
     return (flags.width, flags.height)
 
 
-def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_SIZE, compute_dtype="float32"):
+def sends_frames(flags):
+    """Whether unrolls carry only each step's newest frame (--obs_transfer): by default where
+    the actors step Atari through ale-py's vector env, whose frame stacks the learner can
+    rebuild exactly (transport.stack_frames). Raises ValueError naming the flag otherwise."""
+    if flags.obs_transfer == "stacks":
+        return False
+    native = env_batch.resolve_backend(flags.env_backend, flags.level_name) == "native"
+    if flags.obs_transfer == "frames" and not native:
+        raise ValueError("--obs_transfer=frames needs the native Atari backend (its stacks start as black "
+                         "frames, which the learner rebuilds); --level_name=%s --env_backend=%s steps the "
+                         "Python backend: use --obs_transfer=stacks or auto" % (flags.level_name, flags.env_backend))
+    return native
+
+
+def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_SIZE, compute_dtype="float32",
+                newest_frames=False):
     """The agent with its (float32) variables built, its torso then computing in
-    `compute_dtype` (--compute_dtype), plus the unroll layout both sides share."""
+    `compute_dtype` (--compute_dtype), plus the unroll layout both sides share
+    (newest_frames: see transport.make_unroll_spec)."""
     spec = envs.env_spec(level_name, screen_size)
     if not spec.discrete:
         raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
@@ -43,7 +59,7 @@ def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_S
     variables = agent.trainable_variables
     size = sum(int(np.prod(v.shape)) for v in variables)
     unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, spec.num_actions,
-                                             unroll_length, core_shapes, size)
+                                             unroll_length, core_shapes, size, newest_frames)
     return agent, unroll_spec, spec
 
 
@@ -268,8 +284,13 @@ def fill_unroll(groups, buf, step, T, timing):
         timing[1] += t1 - t0
         timing[0] += time.perf_counter() - t1
 
+    frames = "frames" in buf  # newest frames only (transport.stack_frames rebuilds the stacks)
+    C = groups[0].obs.shape[-1]
     for g in groups:
-        buf["observation"][g.rows, 0] = g.obs
+        if frames:
+            buf["frames"][g.rows, :C] = np.moveaxis(g.obs, -1, 1)
+        else:
+            buf["observation"][g.rows, 0] = g.obs
         buf["first"][g.rows, 0] = g.first
         for i, s in enumerate(tf.nest.flatten(g.state)):
             buf["core_state_%d" % i][g.rows] = s.numpy()
@@ -285,7 +306,14 @@ def fill_unroll(groups, buf, step, T, timing):
             buf["episode_end"][rows, t] = r.episode_end
             buf["episode_return"][rows, t] = r.episode_return
             buf["episode_length"][rows, t] = r.episode_length
-            buf["observation"][rows, t + 1] = g.obs
+            if frames:
+                buf["frames"][rows, C + t] = g.obs[..., C - 1]
+                buf["stack_reset"][rows, t + 1] = r.episode_end  # ale-py restarted the game's stack
+                if r.episode_end.any() and g.obs[r.episode_end, ..., :C - 1].any():
+                    raise RuntimeError("the env's frame stack at a new game is not %d black frames and the "
+                                       "new one; run with --obs_transfer=stacks" % (C - 1))
+            else:
+                buf["observation"][rows, t + 1] = g.obs
             buf["first"][rows, t + 1] = g.first = r.done
             timing[0] += time.perf_counter() - t0
             if r.final_obs is not None:  # time limits: their value, for the learner to bootstrap from
@@ -306,7 +334,8 @@ def run(flags, task, log=print):
         tf.config.threading.set_inter_op_parallelism_threads(flags.actor_threads)
     stopper = Stopper()
     tf.random.set_seed(flags.seed * 7919 + task)
-    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype)
+    agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype,
+                                        sends_frames(flags))
     variables = agent.trainable_variables
     set_weights = make_weight_setter(variables)
     step = tf.function(lambda o, f, s: agent(o, f, s), autograph=False)  # faster trace; no tensor branches
@@ -396,7 +425,7 @@ def run_evaluator(flags, logdir, log=print):
     training returns: <logdir>/eval.csv and TensorBoard scalars eval/*."""
     stopper = Stopper()
     agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length, screen(flags),
-                              flags.compute_dtype)
+                                 flags.compute_dtype, sends_frames(flags))  # the queue's spec, as actors send
     set_weights = make_weight_setter(agent.trainable_variables)
 
     @tf.function

@@ -58,6 +58,11 @@ flags.DEFINE_integer("env_groups", 0, "Groups the actor's envs are split into: w
                      "(native backend, in C++ threads) while the other is in inference. 0 = auto: 2 for the "
                      "native backend (when --envs_per_actor is even), 1 for the Python backend, where "
                      "groups cannot overlap.")
+flags.DEFINE_enum("obs_transfer", "auto", ["auto", "stacks", "frames"], "What an unroll carries of its "
+                  "stacked Atari frames: stacks (every observation whole) or frames (the first observation's "
+                  "stack, then each step's newest frame: 4x fewer bytes to send, queue and replay; the learner "
+                  "rebuilds the stacks). auto: frames where actors step the native backend (whose stacks the "
+                  "learner can rebuild exactly), stacks otherwise.")
 flags.DEFINE_integer("actor_threads", 1, "TensorFlow threads per actor process for inference "
                      "(intra- and inter-op); 0 = TensorFlow's default (all cores).")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Precision of the agent's torso "
@@ -259,9 +264,9 @@ def validate_run():
     if not spec.discrete:
         raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
                          "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
-    import env_batch
+    import actor as actor_lib
     try:
-        env_batch.resolve_backend(FLAGS.env_backend, FLAGS.level_name)
+        actor_lib.sends_frames(FLAGS)  # resolves --env_backend too
     except ValueError as e:
         raise UsageError(str(e))
     import replay

@@ -81,7 +81,7 @@ DIST_FUNCTIONS = ("ln_norm", "cos_dist", "kl_div")
 SAMPLE_STRATEGIES = ("uniform", "elite_sampling", "attentive_sampling")
 INSERT_STRATEGIES = ("fifo", "elite_insertion")
 ELITE_STRATEGIES = (1, 2, 3, 4)
-COMPRESSED_KEYS = ("observation",)
+COMPRESSED_KEYS = ("observation", "frames")
 EXAMPLE = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
            '{"type": "standard", "capacity": 1000, "sample_ratio": 0.5}]')
 

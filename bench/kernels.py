@@ -4,8 +4,9 @@
   .venv/bin/python bench/kernels.py compute_dtype --rounds 3
 
 Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
-TensorFlow reads once at import) and `compute_dtype` (--compute_dtype=float32/bfloat16, the
-agent's torso). Each setting runs in its own process; the settings alternate for --rounds
+TensorFlow reads once at import), `compute_dtype` (--compute_dtype=float32/bfloat16, the
+agent's torso) and `xla` (the update and the actor step compiled by XLA, tf.function's
+jit_compile=True, against TensorFlow's graph executor: tried, not kept). Each setting runs in its own process; the settings alternate for --rounds
 rounds and the table gives, per workload, the median time of each and the ratio of the
 first setting's time to the second's measured in this invocation (> 1: the second is faster).
 The learner update runs with TensorFlow's default threads (all cores), as the learner does;
@@ -39,6 +40,7 @@ LEVERS = {
                ("oneDNN on", {"TF_ENABLE_ONEDNN_OPTS": "1"}, [])],
     "compute_dtype": [("float32", {}, ["--compute_dtype=float32"]),
                       ("bfloat16", {}, ["--compute_dtype=bfloat16"])],
+    "xla": [("graph", {}, []), ("XLA", {"BENCH_JIT_COMPILE": "1"}, [])],  # jit_compile of the measured function
 }
 PARTS = {"update_s": "learner update", "step_s": "actor step"}
 
@@ -85,12 +87,14 @@ def measure(part, argv, reps):
         tf.config.threading.set_inter_op_parallelism_threads(1)
     lrn = make_learner(argv, "kernels")
     batch = random_batch(lrn)
+    jit = os.environ.get("BENCH_JIT_COMPILE") == "1"
     if part == "update_s":
         frames = tf.constant(1, tf.int64)
-        lrn._train_step(batch, frames)  # trace
-        return timed(lambda: lrn._train_step(batch, frames)["grad_norm"].numpy(), 5, reps)
+        update = tf.function(lrn._step, autograph=False, jit_compile=True) if jit else lrn._train_step
+        update(batch, frames)  # trace
+        return timed(lambda: update(batch, frames)["grad_norm"].numpy(), 5, reps)
     E = lrn.flags.envs_per_actor
-    step = tf.function(lambda o, f, s: lrn.agent(o, f, s))
+    step = tf.function(lambda o, f, s: lrn.agent(o, f, s), jit_compile=jit)
     o = tf.constant(batch["observation"][0, :E])
     first = tf.zeros([E], tf.bool)
     state = lrn.agent.initial_state(E)

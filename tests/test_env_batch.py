@@ -201,3 +201,42 @@ def test_actor_unrolls_keep_each_env_on_its_own_row(backend, groups):
     assert timing[0] > 0 and timing[1] > 0
     for g in groups_made:
         g.batch.close()
+
+
+def test_newest_frames_rebuild_the_stacks_also_where_games_restart():
+    """Unrolls sent as newest frames (--obs_transfer=frames) give the learner exactly the stacks
+    the actor saw: two copies of the same envs with the same actions, one buffer with stacks,
+    one with frames, over unrolls of 7 steps and games cut at 100 steps (so new games start
+    at every position of an unroll, and their black frames reach into the next unroll)."""
+    import tensorflow as tf
+    import actor
+    import nets
+    import transport
+    E, T, level = 4, 7, "PongNoFrameskip-v4"
+    agent, stacks_spec, env_spec = actor.build_agent(level, "SimpleConvNetAgent", T, (42, 42))
+    _, frames_spec, _ = actor.build_agent(level, "SimpleConvNetAgent", T, (42, 42), newest_frames=True)
+    assert "frames" in frames_spec.names and "observation" not in frames_spec.names
+
+    def fixed_policy(o, f, s):  # the same actions in both copies: env i presses i % 6
+        n = o.shape[0]
+        return nets.AgentOutput(tf.constant(np.arange(n) % 6, tf.int32), tf.zeros([n, 6]), tf.zeros([n])), s
+
+    def groups():
+        batch = env_batch.make_batch("native", level, E, seed=11, screen_size=(42, 42), max_episode_frames=400)
+        return [actor.EnvGroup(batch, slice(0, E), env_spec.obs_shape, env_spec.obs_dtype, ())]
+
+    runs = []
+    for spec in (stacks_spec, frames_spec):
+        gs, buf, got = groups(), {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}, []
+        for _ in range(16):
+            actor.fill_unroll(gs, buf, fixed_policy, T, np.zeros(3))
+            got.append({k: v.copy() for k, v in buf.items()})
+        gs[0].batch.close()
+        runs.append(got)
+    restarts = 0
+    for full, sent in zip(*runs):
+        np.testing.assert_array_equal(sent["first"], full["first"])
+        rebuilt = transport.stack_frames(sent["frames"], sent["stack_reset"])
+        np.testing.assert_array_equal(rebuilt, np.swapaxes(full["observation"], 0, 1))
+        restarts += int(sent["stack_reset"].sum())
+    assert restarts >= E  # every env began a new game at least once

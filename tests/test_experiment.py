@@ -70,6 +70,7 @@ def _run_experiment(args, timeout=120):
     (["--level_name=CartPole-v1", "--agent_name=SimpleConvNetAgent"], "MLPAgent"),
     (["--level_name=HalfCheetah-v5", "--agent_name=MLPAgent"], "continuous"),
     (["--width=16"], "--width"),
+    (["--env_backend=python", "--obs_transfer=frames"], "--obs_transfer=frames"),
 ])
 def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     r = _run_experiment(args + ["--logdir=%s" % (tmp_path / "run")])

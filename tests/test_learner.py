@@ -191,7 +191,9 @@ def test_sgd_passes_and_minibatches_on_42x42_pong(tmp_path):
                              num_minibatches=2, clip_param=0.2, learning_rate=1e-3,
                              total_environment_frames=10 ** 6)
     lrn = learner.Learner(f, str(tmp_path))
-    assert lrn.spec.fields[0].shape == (6, 42, 42, 4)
+    # Native Pong (the default backend): unrolls carry 4 + T frames, rebuilt into T + 1 stacks.
+    assert lrn.spec.fields[0].name == "frames" and lrn.spec.fields[0].shape == (9, 42, 42)
+    assert lrn.zero_batch(4)["observation"].shape == (6, 4, 42, 42, 4)
     rng = np.random.default_rng(0)
     B, T = 4, 5
     batch = {"observation": rng.integers(0, 255, (T + 1, B, 42, 42, 4)).astype(np.uint8),

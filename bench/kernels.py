@@ -118,13 +118,13 @@ def run_child(lever, setting, workload, part, reps):
                       env, "%s %s (%s)" % (workload, part, label))[part]
 
 
-def table(lever, res, rounds, info):
+def table(lever, res, rounds, info, workloads):
     (a, _, _), (b, _, _) = LEVERS[lever]
     lines = ["# %s: %s against %s, %d cores, %s" % (lever, a, b, info["cores"], info["cpu"]), "",
              "Median of %d round(s), each setting and figure in its own process, alternating; the learner "
              "update with all cores, the actor step with 1 thread." % rounds, "",
              "| workload | %s | %s | %s / %s (> 1: %s is faster) |" % (a, b, a, b, b), "|---|---|---|---|"]
-    for w in WORKLOADS:
+    for w in workloads:
         for part, label in PARTS.items():
             x, y = (statistics.median(res[(w, part, s)]) for s in (a, b))
             lines.append("| %s %s | %.2f ms | %.2f ms | **%.2f** |" % (w, label, 1e3 * x, 1e3 * y, x / y))
@@ -136,6 +136,7 @@ def main():
     p.add_argument("lever", choices=sorted(LEVERS))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a, argv = p.parse_known_args()  # the child's experiment.py flags
     if a.child:
@@ -145,7 +146,7 @@ def main():
     import run as harness
     res = {}
     for r in range(a.rounds):
-        for w in WORKLOADS:
+        for w in a.workloads:
             for part in PARTS:
                 for setting in LEVERS[a.lever]:
                     t = run_child(a.lever, setting, w, part, a.reps)
@@ -154,8 +155,9 @@ def main():
     out = harness.machine_dir()
     os.makedirs(out, exist_ok=True)
     info = harness.write_machine(out)
-    lines = table(a.lever, res, a.rounds, info) + [
-        "", "Command: `.venv/bin/python bench/kernels.py %s --rounds %d`" % (a.lever, a.rounds), "",
+    chosen = "" if a.workloads == list(WORKLOADS) else " --workloads " + " ".join(a.workloads)
+    lines = table(a.lever, res, a.rounds, info, a.workloads) + [
+        "", "Command: `.venv/bin/python bench/kernels.py %s --rounds %d%s`" % (a.lever, a.rounds, chosen), "",
         harness.machine_line(info)]
     path = os.path.join(out, a.lever + ".md")
     with open(path, "w") as f:

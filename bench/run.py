@@ -478,10 +478,10 @@ PEER_PONG = {"sf": (SF_PY, "sf_appo.py", "Sample Factory 2.1.1 APPO"),
 def run_peer_pong(peer, seed, budget_s, frames, out):
     """A peer's own tuned Pong settings on these cores until its mean return reaches +18, `frames`
     or `budget_s` (bench/peers/<peer>.py pong); saved as pong_long_peer_<peer>_seed<N>.json."""
-    ensure_peer(peer)
     py, script, _ = PEER_PONG[peer]
     args = ["pong", "--seed=%d" % seed, "--budget_s=%g" % budget_s, "--frames=%d" % frames]
-    got = _peer_or_error(py, script, args, budget_s + 900)
+    install_error = ensure_peer(peer)
+    got = {"error": install_error} if install_error else _peer_or_error(py, script, args, budget_s + 900)
     got.update(peer=peer, seed=seed, budget_s=budget_s,
                command="%s bench/peers/%s %s" % (os.path.relpath(py, ROOT), script, " ".join(args)))
     with open(os.path.join(out, "pong_long_peer_%s_seed%d.json" % (peer, seed)), "w") as f:

@@ -284,13 +284,8 @@ def fill_unroll(groups, buf, step, T, timing):
         timing[1] += t1 - t0
         timing[0] += time.perf_counter() - t1
 
-    frames = "frames" in buf  # newest frames only (transport.stack_frames rebuilds the stacks)
-    C = groups[0].obs.shape[-1]
     for g in groups:
-        if frames:
-            buf["frames"][g.rows, :C] = np.moveaxis(g.obs, -1, 1)
-        else:
-            buf["observation"][g.rows, 0] = g.obs
+        transport.put_observation(buf, g.rows, 0, g.obs)
         buf["first"][g.rows, 0] = g.first
         for i, s in enumerate(tf.nest.flatten(g.state)):
             buf["core_state_%d" % i][g.rows] = s.numpy()
@@ -306,14 +301,7 @@ def fill_unroll(groups, buf, step, T, timing):
             buf["episode_end"][rows, t] = r.episode_end
             buf["episode_return"][rows, t] = r.episode_return
             buf["episode_length"][rows, t] = r.episode_length
-            if frames:
-                buf["frames"][rows, C + t] = g.obs[..., C - 1]
-                buf["stack_reset"][rows, t + 1] = r.episode_end  # ale-py restarted the game's stack
-                if r.episode_end.any() and g.obs[r.episode_end, ..., :C - 1].any():
-                    raise RuntimeError("the env's frame stack at a new game is not %d black frames and the "
-                                       "new one; run with --obs_transfer=stacks" % (C - 1))
-            else:
-                buf["observation"][rows, t + 1] = g.obs
+            transport.put_observation(buf, rows, t + 1, g.obs, r.episode_end)  # a new game: a new stack
             buf["first"][rows, t + 1] = g.first = r.done
             timing[0] += time.perf_counter() - t0
             if r.final_obs is not None:  # time limits: their value, for the learner to bootstrap from

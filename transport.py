@@ -86,6 +86,24 @@ def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_stat
     return UnrollSpec(tuple(fields), int(weights_size))
 
 
+def put_observation(buf, rows, t, obs, new_game=None):
+    """Writes observation t ([n, H, W, C]) of the unrolls `rows` into an actor's buffer in its
+    spec's layout: whole, or as newest frames (all C frames at t = 0, then the newest one, and
+    new_game [n] where ale-py restarted the stack, whose older frames must then be black)."""
+    if "frames" not in buf:
+        buf["observation"][rows, t] = obs
+        return
+    C = obs.shape[-1]
+    if t == 0:
+        buf["frames"][rows, :C] = np.moveaxis(obs, -1, 1)
+        return
+    if new_game.any() and obs[new_game, ..., :C - 1].any():
+        raise RuntimeError("the env's frame stack at a new game is not %d black frames and the new one; "
+                           "run with --obs_transfer=stacks" % (C - 1))
+    buf["frames"][rows, C - 1 + t] = obs[..., C - 1]
+    buf["stack_reset"][rows, t] = new_game
+
+
 def stack_frames(frames, stack_reset):
     """The time-major stacked observations [T+1, B, H, W, C] of unrolls sent as newest frames.
 

@@ -337,7 +337,10 @@ def run_cluster(compose, tmp_path, num_learners, num_actors, stop_with):
         played = _sh([PY, "experiment.py", "--mode=test", "--load_model_url=" + run, "--test_num_episodes=3"],
                      cwd=ROOT, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
         mean = json.load(open(os.path.join(run, "test_results.json")))["mean_return"]
-        assert mean >= 300, played.stdout[-2000:]
+        # The checkpoint is the one written at the stop, some updates after the 475 report, and CartPole
+        # policies swing after reaching it (one CI run played 207 from a run that had reported 475). A
+        # random policy plays ~22: 150 says the container's checkpoint holds the trained policy.
+        assert mean >= 150, played.stdout[-2000:]
         # 4. down leaves nothing of the project
         _sh(base + ["down", "-v", "--remove-orphans", "-t", "10"], env=env, timeout=180)
         assert _project_leftovers(project) == {}

@@ -660,9 +660,10 @@ def start_learner(flags, logdir, learner_address, num_actors, rank, size, log):
     broadcast(learner)
     tp = transport.LearnerTransport(learner_address, learner.spec, flags.queue_capacity, flags.batch_size)
     tp.publish(learner.flat_weights(), int(learner.update_step.numpy()))
-    log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d new frames/update"
-        % (rank, size, learner_address, flags.level_name, flags.agent_name, flags.batch_size,
-           flags.unroll_length, num_actors, learner.live_frames_per_update))
+    threads = tf.config.threading.get_intra_op_parallelism_threads()  # 0: TensorFlow's default, all cores
+    log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d new frames/update, "
+        "TensorFlow threads: %s" % (rank, size, learner_address, flags.level_name, flags.agent_name, flags.batch_size,
+                                    flags.unroll_length, num_actors, learner.live_frames_per_update, threads or "all"))
     return learner, tp
 
 

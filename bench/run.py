@@ -186,8 +186,10 @@ def spread(xs):
 # Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
 # Actors: the native vector env (the default backend for Atari) in 2 groups that step while the
 # other infers (bench/actor_overlap.py); the Python backend is measured beside it as the before.
-OURS = (3, 32, ["--compute_dtype=bfloat16"])  # actors, envs per actor, extra flags
-OURS_STACKS = (3, 32, ["--compute_dtype=bfloat16", "--obs_transfer=stacks"])  # before the newest-frame transfer
+# The learner on one TensorFlow thread: on 2 cores the actors are the bottleneck, and a learner on
+# all cores took CPU from them (its threads' hand-offs) for no gain in what it trained.
+OURS = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # actors, envs per actor, extra flags
+OURS_ALLCORES = (3, 32, ["--compute_dtype=bfloat16"])  # before: the learner on TensorFlow's default threads
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
@@ -217,14 +219,14 @@ def suite_throughput(a, out):
     failed = {"sf": [], "rllib": []}
     trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
     peer_info = {}
-    res = {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_stacks", "impala_python",
+    res = {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_allcores", "impala_python",
                            "sb3_2", "sb3_16", "sf", "rllib")}
     bottleneck = {}
     cores = os.cpu_count()
     for rep in range(a.repeats):
         res["ceiling_python"].append(ceiling.python_fps(level, cores, 20))
         res["ceiling_native"].append(ceiling.native_fps(level, cores, 20))
-        for key, (actors, envs, extra) in (("impala", OURS), ("impala_stacks", OURS_STACKS),
+        for key, (actors, envs, extra) in (("impala", OURS), ("impala_allcores", OURS_ALLCORES),
                                            ("impala_python", OURS_PYTHON)):
             fps, breakdown = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
             res[key].append(fps)
@@ -253,11 +255,11 @@ def suite_throughput(a, out):
             ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
              res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
             ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in 2 groups, "
-             "bfloat16 torso, newest frames sent" % OURS[:2], res["impala"],
+             "bfloat16 torso, newest frames sent, the learner on 1 TensorFlow thread" % OURS[:2], res["impala"],
              "**%.2f of the limit**" % (med["impala"] / limit)),
-            ("ours sending whole 4-frame stacks (`--obs_transfer=stacks`, before the newest-frame transfer)",
-             res["impala_stacks"], "%.2f of the limit; ours / this = %.2f" % (
-                 med["impala_stacks"] / limit, med["impala"] / med["impala_stacks"])),
+            ("ours with the learner on TensorFlow's default threads (all cores; before `--learner_threads=1`)",
+             res["impala_allcores"], "%.2f of the limit; ours / this = %.2f" % (
+                 med["impala_allcores"] / limit, med["impala"] / med["impala_allcores"])),
             ("ours with the Python env backend (before the native backend), 2 actors, 1 group, float32",
              res["impala_python"],
              "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,

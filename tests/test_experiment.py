@@ -71,6 +71,7 @@ def _run_experiment(args, timeout=120):
     (["--level_name=HalfCheetah-v5", "--agent_name=MLPAgent"], "continuous"),
     (["--width=16"], "--width"),
     (["--env_backend=python", "--obs_transfer=frames"], "--obs_transfer=frames"),
+    (["--learner_threads=-1"], "learner_threads"),
 ])
 def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     r = _run_experiment(args + ["--logdir=%s" % (tmp_path / "run")])
@@ -218,17 +219,20 @@ def test_cartpole_learns_within_a_frame_budget(tmp_path):
     """The whole system learns: with the settings of bench/cartpole_impala.py, CartPole's
     mean return of 20 episodes passes 300 within 600K frames (the bench reaches 475 at
     22-93K; a random policy scores about 22). A frame budget, not a time limit,
-    so a slow machine only takes longer."""
+    so a slow machine only takes longer. The learner runs on one TensorFlow thread
+    (--learner_threads=1, the throughput suite's setting), which must reach TensorFlow."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import cartpole_impala
     logdir = str(tmp_path / "run")
     flags = [f for f in cartpole_impala.FLAGS if not f.startswith("--log_every_s")]
     c = LocalCluster(cartpole_impala.NUM_ACTORS, _free_base_port(),
-                     flags + ["--log_every_s=1", "--total_environment_frames=600000", "--seed=3"], logdir).start()
+                     flags + ["--log_every_s=1", "--total_environment_frames=600000", "--seed=3",
+                              "--learner_threads=1"], logdir).start()
     try:
         assert c.wait(timeout=500) == 0
     finally:
         c.stop()
+    assert "TensorFlow threads: 1\n" in open(os.path.join(logdir, "logs", "learner.log")).read()
     rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
     best = max(float(r["mean_return_20"]) for r in rows if r["mean_return_20"] != "nan")
     assert best >= 300, "best mean-20 return %.1f in 600K frames" % best

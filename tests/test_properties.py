@@ -105,7 +105,7 @@ def experiment_flags():
 
 FLAG_NAMES = ["batch_size", "unroll_length", "learning_rate", "discounting", "entropy_cost", "learner_hosts",
               "actor_hosts", "reward_clipping", "queue_capacity", "mode", "job_name", "width", "decay",
-              "envs_per_actor", "actor_threads", "task", "no_such_flag"]
+              "envs_per_actor", "actor_threads", "learner_threads", "task", "no_such_flag"]
 
 
 @SETTINGS

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+import devices
 import env_batch
 import envs
 import nets
@@ -317,9 +318,7 @@ def run(flags, task, log=print):
     learner_hosts = flags.learner_hosts
     learner = learner_hosts[task % len(learner_hosts)]
     T, E = flags.unroll_length, flags.envs_per_actor
-    if flags.actor_threads > 0:  # before TensorFlow runs its first op
-        tf.config.threading.set_intra_op_parallelism_threads(flags.actor_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(flags.actor_threads)
+    devices.set_threads(flags.actor_threads)  # before TensorFlow runs its first op
     stopper = Stopper()
     tf.random.set_seed(flags.seed * 7919 + task)
     agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype,

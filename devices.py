@@ -7,7 +7,7 @@ same GPUs); with none visible, its model and update stay on the CPU. Actors step
 environments and run a small batched policy; they hide every GPU so that they neither
 grab GPU memory nor wait on the GPU beside a learner.
 
-Both must run before TensorFlow creates its devices (the first op).
+All of them must run before TensorFlow creates its devices (the first op).
 """
 import os
 
@@ -34,6 +34,14 @@ def setup_learner(local_rank=0, log=print, prefix="[learner]") -> str:
     log("%s model and update on %s (CUDA_VISIBLE_DEVICES=%s, %d GPU(s) visible, local rank %d)"
         % (prefix, gpus[i].name, cvd, len(gpus), local_rank))
     return "/GPU:0"
+
+
+def set_threads(n):
+    """n TensorFlow threads (intra- and inter-op) in this process; 0 leaves TensorFlow's default
+    (all cores). Before TensorFlow runs its first op."""
+    if n > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+        tf.config.threading.set_inter_op_parallelism_threads(n)
 
 
 def hide_gpus_from_actor():

@@ -66,9 +66,10 @@ flags.DEFINE_enum("obs_transfer", "auto", ["auto", "stacks", "frames"], "What an
 flags.DEFINE_integer("actor_threads", 1, "TensorFlow threads per actor process for inference "
                      "(intra- and inter-op); 0 = TensorFlow's default (all cores).")
 flags.DEFINE_integer("learner_threads", 0, "TensorFlow threads of each learner process (intra- and inter-op); "
-                     "0 = TensorFlow's default (all cores). 1 pays where the actors share the learner's cores "
-                     "and are the bottleneck: on 2 cores it gave the actors 1.1x the frames/s "
-                     "(bench/results/<machine>/actor_layout.md); a learner-bound run wants the default.")
+                     "0 = TensorFlow's default (all cores). 1 can pay where the actors share the learner's cores "
+                     "and are the bottleneck: on 2 cores, 1.04x the frames/s over 9 paired runs, within "
+                     "their spread (bench/results/<machine>/actor_layout.md); a learner-bound run wants "
+                     "the default.")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Precision of the agent's torso "
                   "(convs and their FC) in the learner and the actors; variables, optimizer, LSTM, heads and "
                   "losses stay float32. bfloat16 pays on CPUs with AVX512_BF16 or AMX and on GPUs "
@@ -293,11 +294,8 @@ def run_learner():
         import horovod.tensorflow as hvd
         hvd.init()
         rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
-    if FLAGS.learner_threads > 0:  # before TensorFlow runs its first op
-        import tensorflow as tf
-        tf.config.threading.set_intra_op_parallelism_threads(FLAGS.learner_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(FLAGS.learner_threads)
-    # before the learner's first TensorFlow op: its GPU, if one is visible
+    # before the learner's first TensorFlow op: its threads, and its GPU, if one is visible
+    devices.set_threads(FLAGS.learner_threads)
     devices.setup_learner(local_rank, log=log, prefix="[learner %d]" % rank)
     if size != len(FLAGS.learner_hosts):
         raise UsageError("--learner_hosts lists %d learner(s) but %d Horovod rank(s) are running; "

@@ -186,8 +186,8 @@ def spread(xs):
 # Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
 # Actors: the native vector env (the default backend for Atari) in 2 groups that step while the
 # other infers (bench/actor_overlap.py); the Python backend is measured beside it as the before.
-# The learner on one TensorFlow thread: on 2 cores the actors are the bottleneck, and a learner on
-# all cores took CPU from them (its threads' hand-offs) for no gain in what it trained.
+# The learner on one TensorFlow thread: on 2 cores the actors are the bottleneck, and the learner
+# on one thread left them a little more CPU (1.04x over 9 pairs, within the spread; actor_layout.md).
 OURS = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # actors, envs per actor, extra flags
 OURS_ALLCORES = (3, 32, ["--compute_dtype=bfloat16"])  # before: the learner on TensorFlow's default threads
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])

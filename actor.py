@@ -43,21 +43,27 @@ def sends_frames(flags):
 
 
 def build_agent(level_name, agent_name, unroll_length, screen_size=envs.SCREEN_SIZE, compute_dtype="float32",
-                newest_frames=False):
+                newest_frames=False, normalize_observations=False, normalize_returns=False):
     """The agent with its (float32) variables built, its torso then computing in
-    `compute_dtype` (--compute_dtype), plus the unroll layout both sides share
-    (newest_frames: see transport.make_unroll_spec)."""
+    `compute_dtype` (--compute_dtype), its observations and value targets standardised by
+    running statistics with `normalize_observations` and `normalize_returns`, plus the
+    unroll layout both sides share (newest_frames: see transport.make_unroll_spec; the
+    weights' size counts the published statistics)."""
     spec = envs.env_spec(level_name, screen_size)
     if not spec.discrete:
         raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
                          "need discrete actions (use ppo_main.py for continuous control)" % level_name)
     agent = nets.make_agent(agent_name, spec.num_actions, spec.obs_shape)
+    if normalize_observations:
+        agent.obs_normalizer = nets.RunningNormalizer(spec.obs_shape, "obs_normalizer")
+    if normalize_returns:
+        agent.return_normalizer = nets.RunningNormalizer((), "return_normalizer")
     obs = tf.zeros((1,) + tuple(spec.obs_shape), tf.as_dtype(spec.obs_dtype))
     state = agent.initial_state(1)
     agent(obs, tf.ones([1], tf.bool), state)  # creates the variables
     agent.compute_dtype = tf.as_dtype(compute_dtype)
     core_shapes = [tuple(s.shape[1:]) for s in tf.nest.flatten(state)]
-    variables = agent.trainable_variables
+    variables = nets.published_variables(agent)
     size = sum(int(np.prod(v.shape)) for v in variables)
     unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, spec.num_actions,
                                              unroll_length, core_shapes, size, newest_frames)
@@ -322,9 +328,8 @@ def run(flags, task, log=print):
     stopper = Stopper()
     tf.random.set_seed(flags.seed * 7919 + task)
     agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype,
-                                        sends_frames(flags))
-    variables = agent.trainable_variables
-    set_weights = make_weight_setter(variables)
+                                        sends_frames(flags), flags.normalize_observations, flags.normalize_returns)
+    set_weights = make_weight_setter(nets.published_variables(agent))
     step = tf.function(lambda o, f, s: agent(o, f, s), autograph=False)  # faster trace; no tensor branches
     groups = make_groups(flags, task, agent, env_spec)
     n = E // len(groups)
@@ -412,8 +417,9 @@ def run_evaluator(flags, logdir, log=print):
     training returns: <logdir>/eval.csv and TensorBoard scalars eval/*."""
     stopper = Stopper()
     agent, spec, _ = build_agent(flags.level_name, flags.agent_name, flags.unroll_length, screen(flags),
-                                 flags.compute_dtype, sends_frames(flags))  # the queue's spec, as actors send
-    set_weights = make_weight_setter(agent.trainable_variables)
+                                 flags.compute_dtype, sends_frames(flags),  # the queue's spec, as actors send
+                                 flags.normalize_observations, flags.normalize_returns)
+    set_weights = make_weight_setter(nets.published_variables(agent))
 
     @tf.function
     def greedy(o, f, s):

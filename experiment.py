@@ -74,6 +74,13 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Precisio
                   "(convs and their FC) in the learner and the actors; variables, optimizer, LSTM, heads and "
                   "losses stay float32. bfloat16 pays on CPUs with AVX512_BF16 or AMX and on GPUs "
                   "(bench/results/<machine>/compute_dtype.md); elsewhere it is slower.")
+flags.DEFINE_bool("normalize_observations", False, "Standardise the observations by running per-element "
+                  "mean and variance (Sample Factory's normalize_input, on in its Atari settings), clipped to "
+                  "+-5; the learner updates the statistics once per batch and sends them with the weights.")
+flags.DEFINE_bool("normalize_returns", False, "Train the baseline head on value targets standardised by their "
+                  "running mean and variance (Sample Factory's normalize_returns, on in its Atari settings); "
+                  "the agent reports values in return units. The statistics move once per batch and travel "
+                  "with the weights.")
 flags.DEFINE_bool("onednn", True, "TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS), "
                   "which TensorFlow turns on by itself only on CPUs with AVX-512 and the like; the Pong "
                   "learner update ran 2.1x faster with them on a 2-core AMD EPYC (bench/kernels.py onednn).")
@@ -143,7 +150,8 @@ RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name"
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
-             "vtrace_lambda", "normalize_advantages", "weight_init", "compute_dtype"]
+             "vtrace_lambda", "normalize_advantages", "weight_init", "compute_dtype", "normalize_observations",
+             "normalize_returns"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 
@@ -334,7 +342,9 @@ def run_test():
     import learner as learner_lib
     source = FLAGS.load_model_url or FLAGS.logdir
     agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
-                                           actor_lib.screen(FLAGS))
+                                           actor_lib.screen(FLAGS),
+                                           normalize_observations=FLAGS.normalize_observations,
+                                           normalize_returns=FLAGS.normalize_returns)
     prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
     env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False,
                         render_mode="rgb_array" if FLAGS.render else None, screen_size=actor_lib.screen(FLAGS))

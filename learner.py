@@ -43,24 +43,31 @@ def clip_rewards(rewards, mode):
     return rewards  # "none"
 
 
-def compute_losses(agent_out, batch, flags):
-    """V-trace actor-critic loss on one time-major batch; sums over [T, B]."""
-    logits = agent_out.policy_logits[:-1]       # [T, B, A]
-    values = agent_out.baseline[:-1]            # [T, B]
-    bootstrap_value = agent_out.baseline[-1]    # [B]
+def vtrace_targets(agent_out, batch, flags):
+    """V-trace's value targets vs and policy-gradient advantages for a time-major batch.
+    With --clip_ratio_to=batch_start, V-trace corrects from the actors' policy mu to the
+    learner's policy pi_old as the batch arrived (fixed for all the batch's gradient steps);
+    otherwise to the current policy pi."""
     rewards = clip_rewards(batch["reward"], flags.reward_clipping)
     if "timeout_value" in batch:  # bootstrap where a time limit, not the task, ended the episode
         rewards += flags.discounting * batch["timeout_value"]
     discounts = tf.cast(~batch["done"], tf.float32) * flags.discounting
-    # With --clip_ratio_to=batch_start, V-trace corrects from the actors' policy mu to the
-    # learner's policy pi_old as the batch arrived (fixed for all the batch's gradient steps),
-    # and PPO's ratio below is pi / pi_old; otherwise to and against the current policy pi.
     anchor = batch.get("old_logits")
-    vt = vtrace.from_logits(
+    return vtrace.from_logits(
         behaviour_policy_logits=batch["behaviour_logits"],
-        target_policy_logits=logits if anchor is None else anchor,
-        actions=batch["action"], discounts=discounts, rewards=rewards, values=values,
-        bootstrap_value=bootstrap_value, lambda_=flags.vtrace_lambda)
+        target_policy_logits=agent_out.policy_logits[:-1] if anchor is None else anchor,
+        actions=batch["action"], discounts=discounts, rewards=rewards, values=agent_out.baseline[:-1],
+        bootstrap_value=agent_out.baseline[-1], lambda_=flags.vtrace_lambda)
+
+
+def compute_losses(agent_out, batch, flags, value_scale=1.0):
+    """V-trace actor-critic loss on one time-major batch; sums over [T, B]. `value_scale`:
+    the running standard deviation of the returns (--normalize_returns), by which the
+    baseline's error is measured (the loss of a head that predicts standardised returns)."""
+    logits = agent_out.policy_logits[:-1]       # [T, B, A]
+    values = agent_out.baseline[:-1]            # [T, B]
+    anchor = batch.get("old_logits")
+    vt = vtrace_targets(agent_out, batch, flags)
     advantages = vt.pg_advantages
     if flags.normalize_advantages:
         # PPO's per-minibatch standardisation: the policy-gradient scale no longer depends on
@@ -84,8 +91,8 @@ def compute_losses(agent_out, batch, flags):
     else:
         # Policy gradient: -sum log pi(a_s|x_s) * rho_s (r_s + gamma v_{s+1} - V(x_s)).
         pg_loss = tf.reduce_sum(-vt.target_action_log_probs * advantages)
-    # Baseline: 1/2 sum (v_s - V(x_s))^2, weighted by baseline_cost.
-    baseline_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values)) * flags.baseline_cost
+    # Baseline: 1/2 sum ((v_s - V(x_s)) / value_scale)^2, weighted by baseline_cost.
+    baseline_loss = 0.5 * tf.reduce_sum(tf.square((vt.vs - values) / value_scale)) * flags.baseline_cost
     # Entropy bonus: minimise -H(pi).
     policy = tf.nn.softmax(logits)
     log_policy = tf.nn.log_softmax(logits)
@@ -161,7 +168,7 @@ class Learner:
         tf.random.set_seed(flags.seed * 7919 + 100000 + rank)
         self.agent, self.spec, self.env_spec = actor_lib.build_agent(
             flags.level_name, flags.agent_name, flags.unroll_length, actor_lib.screen(flags), flags.compute_dtype,
-            actor_lib.sends_frames(flags))
+            actor_lib.sends_frames(flags), flags.normalize_observations, flags.normalize_returns)
         self.variables = self.agent.trainable_variables
         if flags.weight_init == "orthogonal":  # before anything is published: actors get these too
             nets.orthogonal_init(self.agent, seed=flags.seed)
@@ -244,10 +251,19 @@ class Learner:
         # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
         # V-trace correcting for the policy having moved since the actors acted).
         passes, parts = self.flags.num_sgd_iter, self.flags.num_minibatches
-        if self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start":
-            # pi_old: the policy before this batch's first gradient step.
+        # The running statistics move once per batch, before any gradient step reads them.
+        average = (lambda t: hvd.allreduce(t, op=hvd.Average)) if self.size > 1 else None
+        obs_norm, ret_norm = self.agent.obs_normalizer, self.agent.return_normalizer
+        if obs_norm is not None:
+            obs_norm.update(nets.preprocess_observation(batch["observation"][:-1]), average)
+        batch_start = self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
+        if batch_start or ret_norm is not None:
             out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
-            batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
+            if batch_start:  # pi_old: the policy before this batch's first gradient step
+                batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
+            if ret_norm is not None:  # the value targets as the batch arrived
+                ret_norm.update(tf.stop_gradient(vtrace_targets(out, batch, self.flags).vs), average)
+        value_scale = 1.0 if ret_norm is None else ret_norm.std()
         size = batch["action"].shape[1] // parts
         # One random order of the unrolls per pass; step i takes the (i % parts)-th slice.
         orders = None if parts == 1 else tf.stack(
@@ -258,7 +274,7 @@ class Learner:
                 batch, orders[i // parts, (i % parts) * size:(i % parts + 1) * size])
             with tf.GradientTape() as tape:
                 out, _ = self.agent.unroll(mb["observation"], mb["first"], self._core_state(mb))
-                loss, step_stats = compute_losses(out, mb, self.flags)
+                loss, step_stats = compute_losses(out, mb, self.flags, value_scale)
             if self.size > 1:
                 tape = hvd.DistributedGradientTape(tape)
             grads = tape.gradient(loss, self.variables)
@@ -323,7 +339,7 @@ class Learner:
         return None
 
     def flat_weights(self):
-        return actor_lib.flatten_weights(self.variables).numpy()
+        return actor_lib.flatten_weights(nets.published_variables(self.agent)).numpy()
 
 
 def checkpoint_candidates(path):
@@ -360,6 +376,7 @@ def broadcast(learner):
     """Start from rank 0's weights, optimizer state and counters."""
     if learner.size > 1:
         hvd.broadcast_variables(list(learner.variables) + list(learner.optimizer.variables)
+                                + [v for n in nets.normalizers(learner.agent) for v in n.variables]
                                 + [learner.num_env_frames, learner.update_step], root_rank=0)
 
 

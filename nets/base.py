@@ -8,7 +8,10 @@ An agent maps observations to an `AgentOutput`:
 
 `first[t]` is True where obs[t] is the first observation of a new episode: the
 LSTM agents reset their state to the initial state before they read obs[t].
-uint8 observations (Atari frames) are scaled to [0, 1] floats here.
+uint8 observations (Atari frames) are scaled to [0, 1] floats here, then, with
+--normalize_observations, standardised by the running statistics of an
+`RunningNormalizer` (agent.obs_normalizer); with --normalize_returns the
+baseline head is trained on standardised returns and reported in return units.
 """
 from typing import NamedTuple
 
@@ -29,6 +32,69 @@ def preprocess_observation(obs, dtype=tf.float32):
     if obs.dtype == tf.uint8:  # 0..255 are exact in bfloat16 too
         return tf.cast(obs, dtype) * tf.constant(1 / 255.0, dtype)
     return tf.cast(obs, tf.float32)
+
+
+class RunningNormalizer(snt.Module):
+    """Running per-element mean and variance, as Sample Factory's RunningMeanStd (both kinds
+    are on in its Atari settings):
+
+    - observations (--normalize_observations): x -> clip((x - mean) / sqrt(var + 1e-5), -5, 5).
+      On Pong the static screen becomes zeros and the moving ball and paddles, rare at any
+      one pixel, large values.
+    - returns (--normalize_returns, shape ()): the baseline head learns the value targets
+      standardised by their running statistics; the agent reports its baseline in return
+      units (`denormalize`), so V-trace, the actors' time-limit bootstrap and the logs see
+      real values.
+
+    The learner updates the statistics once per batch (`update`); they travel to the actors
+    with the weights (`published_variables`) and are saved in the agent's checkpoints."""
+
+    CLIP, EPS = 5.0, 1e-5
+
+    def __init__(self, shape, name):
+        super().__init__(name=name)
+        shape = tuple(int(d) for d in shape)
+        self.mean = tf.Variable(tf.zeros(shape), trainable=False, name="mean")
+        self.var = tf.Variable(tf.ones(shape), trainable=False, name="var")
+        # Samples seen (a prior of one at mean 0, variance 1); float64 so that batch/total
+        # stays exact after billions of frames. Only the learner needs it: not published.
+        self.count = tf.Variable(1.0, dtype=tf.float64, trainable=False, name="count")
+
+    def std(self):
+        return tf.sqrt(self.var + self.EPS)
+
+    def __call__(self, x):  # float32 [..., *shape]
+        return tf.clip_by_value((x - self.mean) / self.std(), -self.CLIP, self.CLIP)
+
+    def denormalize(self, y):
+        return y * self.std() + self.mean
+
+    def update(self, x, average=None):
+        """Folds the moments of x [T, B, *shape] into the running ones (Chan et al.'s
+        parallel formula). `average` (Horovod's allreduce mean over the learner ranks) makes
+        every rank fold in the same moments, so their statistics stay identical."""
+        n = tf.cast(tf.reduce_prod(tf.shape(x)[:2]), tf.float64)
+        mean, mean_sq = tf.reduce_mean(x, axis=[0, 1]), tf.reduce_mean(tf.square(x), axis=[0, 1])
+        if average is not None:
+            mean, mean_sq = average(mean), average(mean_sq)  # n: samples per rank, the same on each
+        var = tf.maximum(mean_sq - tf.square(mean), 0.0)
+        total = self.count + n
+        w = tf.cast(n / total, tf.float32)  # the batch's weight
+        delta = mean - self.mean
+        self.var.assign((1 - w) * self.var + w * var + tf.square(delta) * w * (1 - w))
+        self.mean.assign(self.mean + delta * w)
+        self.count.assign(total)
+
+
+def normalizers(agent):
+    """The agent's running normalisers that exist: observations, then returns."""
+    return [n for n in (agent.obs_normalizer, agent.return_normalizer) if n is not None]
+
+
+def published_variables(agent):
+    """What the learner sends the actors: the trainable variables, then the statistics of
+    the normalisers (--normalize_observations, --normalize_returns)."""
+    return list(agent.trainable_variables) + [v for n in normalizers(agent) for v in (n.mean, n.var)]
 
 
 def run_torso(torso, x, dtype):
@@ -89,14 +155,31 @@ class PolicyValueHeads(snt.Module):
         return AgentOutput(action, logits, baseline)
 
 
-class FeedForwardAgent(snt.Module):
+class AgentBase(snt.Module):
+    """What the agents share: the torso's precision and the observation normaliser, both set
+    by actor.build_agent after construction."""
+
+    compute_dtype = tf.float32  # of the torso; see run_torso
+    obs_normalizer = None  # RunningNormalizer of the observations (--normalize_observations)
+    return_normalizer = None  # RunningNormalizer of the value targets (--normalize_returns)
+
+    def _preprocess(self, obs):
+        if self.obs_normalizer is None:
+            return preprocess_observation(obs, self.compute_dtype)
+        return self.obs_normalizer(preprocess_observation(obs, tf.float32))  # run_torso casts it
+
+    def _in_return_units(self, out):
+        if self.return_normalizer is None:
+            return out
+        return out._replace(baseline=self.return_normalizer.denormalize(out.baseline))
+
+
+class FeedForwardAgent(AgentBase):
     """torso -> heads. Its core state is the empty tuple ().
 
     With `separate_value_torso`, the baseline gets a torso of its own (SB3's and CleanRL's
     PPO do this for vector observations): in a shared torso the baseline's squared error,
     summed over the batch, outweighs the policy gradient."""
-
-    compute_dtype = tf.float32  # of the torso; see run_torso
 
     def __init__(self, make_torso, num_actions, name, separate_value_torso=False):
         super().__init__(name=name)
@@ -109,9 +192,9 @@ class FeedForwardAgent(snt.Module):
         return ()
 
     def _step(self, obs):
-        x = preprocess_observation(obs, self.compute_dtype)
+        x = self._preprocess(obs)
         value_features = None if self._value_torso is None else run_torso(self._value_torso, x, self.compute_dtype)
-        return self._heads(run_torso(self._torso, x, self.compute_dtype), value_features)
+        return self._in_return_units(self._heads(run_torso(self._torso, x, self.compute_dtype), value_features))
 
     def __call__(self, obs, first, core_state):
         del first
@@ -144,10 +227,8 @@ class ResetLSTM(snt.RNNCore):
         return self._lstm(features, state)
 
 
-class LSTMAgent(snt.Module):
+class LSTMAgent(AgentBase):
     """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell)."""
-
-    compute_dtype = tf.float32  # of the torso; see run_torso
 
     def __init__(self, make_torso, num_actions, name, hidden_size=256):
         super().__init__(name=name)
@@ -159,14 +240,14 @@ class LSTMAgent(snt.Module):
         return self._core.initial_state(batch_size)
 
     def __call__(self, obs, first, core_state):
-        features = run_torso(self._torso, preprocess_observation(obs, self.compute_dtype), self.compute_dtype)
+        features = run_torso(self._torso, self._preprocess(obs), self.compute_dtype)
         core_output, core_state = self._core((features, tf.cast(first, tf.bool)), core_state)
-        return self._heads(core_output), core_state
+        return self._in_return_units(self._heads(core_output)), core_state
 
     def unroll(self, obs, first, core_state):
         # The torso and the heads see all T*B frames at once; only the LSTM loops over time.
         features = batch_time(lambda x: run_torso(self._torso, x, self.compute_dtype),
-                              preprocess_observation(obs, self.compute_dtype))
+                              self._preprocess(obs))
         core_outputs, core_state = snt.dynamic_unroll(
             self._core, (features, tf.cast(first, tf.bool)), core_state)
-        return batch_time(self._heads, core_outputs), core_state
+        return self._in_return_units(batch_time(self._heads, core_outputs)), core_state

@@ -199,9 +199,12 @@ def test_learner_without_actors_exits_when_told(tmp_path):
 
 def test_two_horovod_ranks_hold_identical_weights(tmp_path):
     """mpirun -np 2: each rank serves one actor; after training both ranks'
-    weights hash the same (gradients averaged with allreduce)."""
+    weights hash the same (gradients averaged with allreduce). The hash covers the published
+    observation and return statistics too, which each rank moves with the allreduce mean of
+    the ranks' batch moments: without it they would differ."""
     logdir = str(tmp_path / "run")
-    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=8000"], logdir,
+    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=8000", "--normalize_observations",
+                                                       "--normalize_returns"], logdir,
                      num_learners=2).start()
     try:
         assert c.wait(timeout=240) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()

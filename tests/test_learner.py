@@ -215,6 +215,68 @@ def test_sgd_passes_and_minibatches_on_42x42_pong(tmp_path):
     assert not np.allclose(before, lrn.flat_weights())
 
 
+def test_value_scale_trains_the_head_on_standardised_returns():
+    """--normalize_returns: the agent reports raw * std + mean; measuring the baseline's error
+    in units of std gives the raw head the gradient of a regression on (vs - mean) / std."""
+    T, B, A = 5, 3, 4
+    batch = _batch(T, B, A)
+    rng = np.random.default_rng(3)
+    logits = tf.constant(rng.normal(size=(T + 1, B, A)), tf.float32)
+    raw = tf.Variable(rng.normal(size=(T + 1, B)).astype(np.float32))
+    mean, std = 0.5, 3.0
+    flags = _flags(entropy_cost=0.0, baseline_cost=0.5, reward_clipping="none")
+    with tf.GradientTape() as tape:
+        out = _out(logits, raw * std + mean)
+        loss, stats = learner.compute_losses(out, batch, flags, value_scale=std)
+    grad = tape.gradient(loss, raw).numpy()
+    vs = learner.vtrace_targets(out, batch, flags).vs.numpy()
+    np.testing.assert_allclose(grad[:T], 0.5 * (raw.numpy()[:T] - (vs - mean) / std), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(grad[T], 0.0)  # the bootstrap value is only in the targets
+    np.testing.assert_allclose(float(stats["baseline_loss"]),
+                               0.25 * np.sum(((vs - (raw.numpy()[:T] * std + mean)) / std) ** 2), rtol=1e-4)
+
+
+def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(tmp_path):
+    """--normalize_observations and --normalize_returns: one update of the statistics per
+    batch (not per gradient step), from the batch's T x B observations and value targets;
+    the published weights carry them, so an actor's agent set from them acts as the
+    learner's; checkpoints keep them."""
+    f = _experiment_defaults(level_name="PongNoFrameskip-v4", agent_name="SimpleConvNetAgent", width=42,
+                             height=42, batch_size=4, unroll_length=5, optimizer="adam", num_sgd_iter=2,
+                             num_minibatches=2, clip_param=0.2, normalize_observations=True,
+                             normalize_returns=True, total_environment_frames=10 ** 6)
+    lrn = learner.Learner(f, str(tmp_path))
+    rng = np.random.default_rng(0)
+    B, T = 4, 5
+    obs = rng.integers(0, 255, (T + 1, B, 42, 42, 4)).astype(np.uint8)
+    full = lrn.zero_batch(B)
+    full.update(observation=obs, action=rng.integers(0, 6, (T, B)).astype(np.int32),
+                behaviour_logits=rng.normal(size=(T, B, 6)).astype(np.float32))
+    norm, ret = lrn.agent.obs_normalizer, lrn.agent.return_normalizer
+    lrn._train_step({k: tf.constant(v) for k, v in full.items()}, tf.constant(80, tf.int64))
+    assert int(lrn.optimizer.step.numpy()) == 4 and float(norm.count.numpy()) == 1 + T * B
+    assert float(ret.count.numpy()) == 1 + T * B and float(ret.var.numpy()) != 1.0
+    seen = obs[:-1].reshape(T * B, 42, 42, 4) / 255.0  # the bootstrap observation is the next unroll's first
+    np.testing.assert_allclose(norm.mean.numpy(), seen.sum(0) / (1 + T * B), atol=1e-5)
+    weights = lrn.flat_weights()
+    assert weights.size == lrn.spec.weights_size
+    agent, _, _ = learner.actor_lib.build_agent(f.level_name, f.agent_name, T, (42, 42),
+                                                normalize_observations=True, normalize_returns=True)
+    learner.actor_lib.make_weight_setter(nets.published_variables(agent))(tf.constant(weights))
+    np.testing.assert_array_equal(agent.obs_normalizer.var.numpy(), norm.var.numpy())
+    np.testing.assert_array_equal(agent.return_normalizer.mean.numpy(), ret.mean.numpy())
+    first = np.zeros(B, bool)
+    mine, theirs = agent(obs[0], first, ())[0], lrn.agent(obs[0], first, ())[0]
+    np.testing.assert_allclose(mine.policy_logits.numpy(), theirs.policy_logits.numpy(), atol=1e-5)
+    np.testing.assert_allclose(mine.baseline.numpy(), theirs.baseline.numpy(), atol=1e-5)
+    prefix = lrn.save()
+    restored = learner.Learner(f, str(tmp_path / "restored"))
+    restored.restore(prefix)
+    np.testing.assert_array_equal(restored.agent.obs_normalizer.mean.numpy(), norm.mean.numpy())
+    assert float(restored.agent.obs_normalizer.count.numpy()) == 1 + T * B
+    np.testing.assert_array_equal(restored.agent.return_normalizer.var.numpy(), ret.var.numpy())
+
+
 def test_minibatches_must_divide_the_batch():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",

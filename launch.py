@@ -92,10 +92,13 @@ def pane_script(window, plan) -> str:
     """What runs in a tmux window: the command, its output tee'd to the log (tee -i: it
     ignores Ctrl-C, so the worker's last words still reach the log), its exit status noted
     in the log and in the pane's tmux option @exit_status (tmux's own pane_dead_status is
-    lost after a respawn-pane)."""
+    lost after a respawn-pane). Before the pane ends, the wrapper closes tee's pipe and waits
+    for it: a pane that closed first took tee with it, and the status line with tee (the
+    end-to-end test lost an actor's line twice)."""
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in window.env.items())
     stamp = "$(date '+%F %T')"
     return (f"exec > >(exec tee -ai {shlex.quote(window.log)}) 2>&1\n"
+            f"tee_pid=$!\n"
             f"tmux set-option -p -t \"$TMUX_PANE\" -u @exit_status 2>/dev/null\n"
             f"cd {shlex.quote(FLAGS.repo_dir)} || exit 97\n"
             f"echo \"[frontend] {stamp} starting {window.title} (tmux {FLAGS.tmux_sess}:{window.name})\"\n"
@@ -103,6 +106,8 @@ def pane_script(window, plan) -> str:
             f"rc=$?\n"
             f"echo \"[frontend] {stamp} {window.title} exited with status $rc\"\n"
             f"tmux set-option -p -t \"$TMUX_PANE\" @exit_status $rc 2>/dev/null\n"
+            f"exec >&- 2>&-\n"
+            f"wait $tee_pid\n"
             f"exit $rc\n")
 
 

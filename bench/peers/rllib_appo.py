@@ -281,6 +281,9 @@ def main():
                     from_launch_s=hit[1] if hit else float("nan"),
                     frames_to_target=4 * hit[2] if hit else None, frames=4 * rows[-1][1],
                     last_mean_return=rows[-1][3], net=NET_TUNED, config=what,
+                    # per iteration: seconds from launch, frames sampled, frames trained (a starved
+                    # learner trains far fewer than it samples), mean return
+                    curve=[(round(t - res["t0"], 1), 4 * s, 4 * tr, ret) for t, s, tr, ret in rows],
                     notes="return = RLlib's episode_return_mean (last 100 games); training seconds from the "
                           "first iteration in which the learner trained")
     print(json.dumps(base), flush=True)

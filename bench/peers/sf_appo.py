@@ -258,6 +258,10 @@ def pong(a):
            "frames": child.reports[-1][1] if child.reports else 0,
            "last_mean_return": child.rewards[-1][1] if child.rewards else None,
            "wall_s": wall, "stopped_by": how, "net": NET_ATARI,
+           # the learning curve, as SF logs it: (seconds from launch, mean return) per reward line
+           # and (seconds from launch, frames trained) per report line
+           "curve": {"return": [(round(t - t0, 1), r) for t, r in child.rewards],
+                     "trained_frames": [(round(t - t0, 1), f) for t, f, _ in child.reports]},
            "config": "SF's tuned Atari settings (sf_examples/atari/atari_params.py), CPU, 2 workers x %d envs"
                      % a.envs_per_worker,
            "notes": "return = SF's 'Avg episode reward' (mean of its last 100 whole-game episodes, as its "

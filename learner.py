@@ -243,27 +243,34 @@ class Learner:
         logits = self._logits_fn({k: tf.constant(v) for k, v in batch.items()}).numpy()
         return [logits[:, i] for i in range(len(items))]
 
-    def _step(self, batch, new_frames):
-        if self.flags.learning_rate_decay == "linear":  # to 0 over total_environment_frames
-            frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
-            self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
-        # --num_sgd_iter passes over the batch, each in --num_minibatches gradient steps on
-        # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
-        # V-trace correcting for the policy having moved since the actors acted).
-        passes, parts = self.flags.num_sgd_iter, self.flags.num_minibatches
-        # The running statistics move once per batch, before any gradient step reads them.
+    def _batch_start(self, batch):
+        """Once per batch, before any gradient step: the running statistics move
+        (--normalize_observations, --normalize_returns; with several ranks by their mean
+        moments), and with --clip_ratio_to=batch_start pi_old, the policy before this batch's
+        first step, is fixed. Returns the batch (with "old_logits") and the error scale of the
+        baseline (compute_losses' value_scale)."""
         average = (lambda t: hvd.allreduce(t, op=hvd.Average)) if self.size > 1 else None
         obs_norm, ret_norm = self.agent.obs_normalizer, self.agent.return_normalizer
         if obs_norm is not None:
             obs_norm.update(nets.preprocess_observation(batch["observation"][:-1]), average)
-        batch_start = self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
-        if batch_start or ret_norm is not None:
+        anchored = self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
+        if anchored or ret_norm is not None:
             out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
-            if batch_start:  # pi_old: the policy before this batch's first gradient step
+            if anchored:
                 batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
             if ret_norm is not None:  # the value targets as the batch arrived
                 ret_norm.update(tf.stop_gradient(vtrace_targets(out, batch, self.flags).vs), average)
-        value_scale = 1.0 if ret_norm is None else ret_norm.std()
+        return batch, 1.0 if ret_norm is None else ret_norm.std()
+
+    def _step(self, batch, new_frames):
+        if self.flags.learning_rate_decay == "linear":  # to 0 over total_environment_frames
+            frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
+            self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
+        batch, value_scale = self._batch_start(batch)
+        # --num_sgd_iter passes over the batch, each in --num_minibatches gradient steps on
+        # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
+        # V-trace correcting for the policy having moved since the actors acted).
+        passes, parts = self.flags.num_sgd_iter, self.flags.num_minibatches
         size = batch["action"].shape[1] // parts
         # One random order of the unrolls per pass; step i takes the (i % parts)-th slice.
         orders = None if parts == 1 else tf.stack(

@@ -9,7 +9,7 @@ An agent maps observations to an `AgentOutput`:
 `first[t]` is True where obs[t] is the first observation of a new episode: the
 LSTM agents reset their state to the initial state before they read obs[t].
 uint8 observations (Atari frames) are scaled to [0, 1] floats here, then, with
---normalize_observations, standardised by the running statistics of an
+--normalize_observations, standardised by the running statistics of a
 `RunningNormalizer` (agent.obs_normalizer); with --normalize_returns the
 baseline head is trained on standardised returns and reported in return units.
 """
@@ -156,8 +156,8 @@ class PolicyValueHeads(snt.Module):
 
 
 class AgentBase(snt.Module):
-    """What the agents share: the torso's precision and the observation normaliser, both set
-    by actor.build_agent after construction."""
+    """What the agents share: the torso's precision and the observation and return
+    normalisers, all set by actor.build_agent after construction."""
 
     compute_dtype = tf.float32  # of the torso; see run_torso
     obs_normalizer = None  # RunningNormalizer of the observations (--normalize_observations)

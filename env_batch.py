@@ -17,8 +17,8 @@ EpisodicLife makes it), `episode_end` / `episode_return` / `episode_length` belo
 to the whole game (all lives), and `cut` marks episodes ended by the time limit
 (108,000 frames), whose last observations are in `final_obs` for the actor's
 timeout_value bootstrap. Observations are [E, H, W, 4] uint8 as the nets take them
-(the native env gives [E, 4, H, W]; it is transposed channel by channel, 0.5 ms for
-32 envs at 84x84).
+(the native env gives [E, 4, H, W]; OpenCV's merge interleaves the frames, 0.12 ms
+for 32 envs at 84x84).
 
 Two differences of the native backend, both inside ALE's own reset: it presses FIRE
 once after the no-ops (envs.py's FireReset presses FIRE then UP), and after a lost
@@ -176,6 +176,6 @@ class NativeAtariBatch:
 
 
 def _to_hwc(chw, out):
-    """[E, C, H, W] -> out[E, H, W, C], one channel at a time (3x faster than one transposed copy)."""
-    for c in range(chw.shape[1]):
-        out[..., c] = chw[:, c]
+    """[E, C, H, W] -> out[E, H, W, C], one env at a time (envs.merge_frames)."""
+    for e in range(chw.shape[0]):
+        envs.merge_frames(list(chw[e]), out[e])

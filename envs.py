@@ -30,6 +30,7 @@ import functools
 from typing import NamedTuple
 
 import ale_py
+import cv2
 import gymnasium as gym
 import numpy as np
 
@@ -206,6 +207,15 @@ class FrameStack(gym.Wrapper):
         self._frames[:, :, :-1] = self._frames[:, :, 1:]
         self._frames[:, :, -1] = frame
         return self._frames.copy(), reward, terminated, truncated, info
+
+
+def merge_frames(frames, out):
+    """out[H, W, C] = the C [H, W] uint8 `frames` side by side in the last axis. OpenCV's merge
+    does it 4.4x as fast as numpy's channel-by-channel strided copy (60 us against 262 us for
+    16 stacks of 84x84x4; bench/results/<machine>/frame_layout.md)."""
+    merged = cv2.merge(frames, dst=out)
+    if merged.ctypes.data != out.ctypes.data:  # out is not a contiguous uint8 [H, W, C]: OpenCV made a new array
+        out[...] = merged
 
 
 # ---------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+import envs
+
 v1 = tf.compat.v1
 
 
@@ -114,10 +116,12 @@ def stack_frames(frames, stack_reset):
     that still reach back before the reset C-2 steps later, are zeros."""
     B, T1 = stack_reset.shape
     C = frames.shape[1] - T1 + 1
-    obs = np.empty((T1, B) + frames.shape[2:] + (C,), frames.dtype)
-    by_time = np.swapaxes(frames, 0, 1)
-    for k in range(C):  # channel by channel: 4x faster than copying a sliding-window view
-        obs[..., k] = by_time[k:k + T1]
+    H, W = frames.shape[2:]
+    obs = np.empty((T1, B, H, W, C), frames.dtype)
+    stacks = np.empty((T1 * H, W, C), frames.dtype)  # one unroll's: 4.6x numpy's channel-by-channel copy
+    for b in range(B):
+        envs.merge_frames([frames[b, k:k + T1].reshape(T1 * H, W) for k in range(C)], stacks)
+        obs[:, b] = stacks.reshape(T1, H, W, C)
     for b, t in zip(*np.nonzero(stack_reset[:, 1:])):
         for d in range(min(C - 1, T1 - 1 - t)):  # observation t+1+d: channels before the reset
             obs[t + 1 + d, b, ..., :C - 1 - d] = 0

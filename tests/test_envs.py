@@ -144,3 +144,14 @@ def test_unknown_id_raises_a_clear_error(bad_id):
 def test_unknown_id_suggests_close_ids():
     with pytest.raises(envs.UnknownEnvError, match="Did you mean: .*CartPole-v1"):
         envs.make_env("CartPol-v1")
+
+
+def test_merge_frames_interleaves_into_contiguous_and_strided_outputs():
+    frames = np.random.default_rng(0).integers(0, 256, (4, 84, 84), np.uint8)
+    expected = np.moveaxis(frames, 0, -1)
+    out = np.zeros((2, 84, 84, 4), np.uint8)
+    envs.merge_frames(list(frames), out[1])  # a contiguous row: OpenCV writes in place
+    assert np.array_equal(out[1], expected) and not out[0].any()
+    strided = np.zeros((84, 84, 8), np.uint8)[..., ::2]  # OpenCV cannot write here: copied
+    envs.merge_frames(list(frames), strided)
+    assert np.array_equal(strided, expected)

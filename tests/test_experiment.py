@@ -189,6 +189,20 @@ def test_actor_death_is_survived(tmp_path):
     assert summary["frames"] >= 60000
 
 
+def test_recurrent_agent_trains_end_to_end(tmp_path):
+    """An LSTM agent's state goes around the actors' traced step (a concrete function called
+    with the state it returned) and reaches the learner with the unrolls."""
+    logdir = str(tmp_path / "run")
+    args = ["--agent_name=MLPLSTMAgent" if a.startswith("--agent_name") else a for a in CARTPOLE]
+    c = LocalCluster(2, _free_base_port(), args + ["--total_environment_frames=20000"], logdir).start()
+    try:
+        assert c.wait(timeout=150) == 0
+    finally:
+        c.stop()
+    assert json.load(open(os.path.join(logdir, "summary.json")))["frames"] >= 20000
+    _no_leftovers(c)
+
+
 def test_learner_without_actors_exits_when_told(tmp_path):
     logdir = str(tmp_path / "run")
     r = _run_experiment(["--job_name=learner", "--learner_hosts=127.0.0.1:%d" % _free_base_port(),

@@ -17,8 +17,8 @@ EpisodicLife makes it), `episode_end` / `episode_return` / `episode_length` belo
 to the whole game (all lives), and `cut` marks episodes ended by the time limit
 (108,000 frames), whose last observations are in `final_obs` for the actor's
 timeout_value bootstrap. Observations are [E, H, W, 4] uint8 as the nets take them
-(the native env gives [E, 4, H, W]; OpenCV's merge interleaves the frames, 0.12 ms
-for 32 envs at 84x84).
+(the native env gives one [H, W] frame per env and step; the stacks are kept here and
+interleaved by OpenCV's merge, 0.12 ms for 32 envs at 84x84).
 
 Two differences of the native backend, both inside ALE's own reset: it presses FIRE
 once after the no-ops (envs.py's FireReset presses FIRE then UP), and after a lost
@@ -114,26 +114,35 @@ class PythonBatch:
             env.close()
 
 
+def ale_vector_env(level_name, num_envs, threads, screen_size=envs.SCREEN_SIZE, max_episode_frames=None,
+                   stack_num=envs.FRAME_STACK):
+    """ale-py's AtariVectorEnv for a gymnasium Atari id, with envs.py's preprocessing and
+    same-step autoreset. Lives are followed by NativeAtariBatch: a lost life must not reset."""
+    from ale_py.vector_env import AtariVectorEnv
+    spec = gym.spec(level_name)
+    width, height = envs.frame_size(screen_size)
+    sticky = envs.V5_REPEAT_ACTION_PROBABILITY if level_name.startswith("ALE/") else 0.0
+    return AtariVectorEnv(
+        spec.kwargs["game"], num_envs, num_threads=threads, frameskip=envs.FRAME_SKIP, stack_num=stack_num,
+        img_height=height, img_width=width, grayscale=True, maxpool=True, noop_max=envs.NOOP_MAX,
+        repeat_action_probability=sticky, reward_clipping=False, use_fire_reset=True,
+        episodic_life=False, life_loss_info=False,
+        max_num_frames_per_episode=max_episode_frames or spec.kwargs.get("max_num_frames_per_episode", 108_000),
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
 class NativeAtariBatch:
     """ale-py's AtariVectorEnv with envs.py's Atari semantics (see the module docstring)."""
 
     def __init__(self, level_name, num_envs, seed, training=True, screen_size=envs.SCREEN_SIZE, threads=1,
                  max_episode_frames=None):
-        from ale_py.vector_env import AtariVectorEnv
-        spec = gym.spec(level_name)
-        width, height = envs.frame_size(screen_size)
-        sticky = envs.V5_REPEAT_ACTION_PROBABILITY if level_name.startswith("ALE/") else 0.0
         self.num_envs, self.training, self._seed = num_envs, training, seed
-        self.env = AtariVectorEnv(
-            spec.kwargs["game"], num_envs, num_threads=threads, frameskip=envs.FRAME_SKIP, stack_num=envs.FRAME_STACK,
-            img_height=height, img_width=width, grayscale=True, maxpool=True, noop_max=envs.NOOP_MAX,
-            repeat_action_probability=sticky, reward_clipping=False, use_fire_reset=True,
-            episodic_life=False, life_loss_info=False,  # lives are followed here (a lost life must not reset)
-            max_num_frames_per_episode=max_episode_frames or spec.kwargs.get("max_num_frames_per_episode", 108_000),
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.env = ale_vector_env(level_name, num_envs, threads, screen_size, max_episode_frames, stack_num=1)
         self._lives = np.zeros(num_envs, np.int32)
         self._return = np.zeros(num_envs, np.float64)
         self._length = np.zeros(num_envs, np.int32)
+        self._frames = None  # [E, C, H, W]: each env's last C frames in a ring of C slots
+        self._oldest = 0  # the slot of the oldest frame, the same in every env
 
     @property
     def num_actions(self):
@@ -144,7 +153,9 @@ class NativeAtariBatch:
         obs, info = self.env.reset(seed=self._seed + 1)
         self._lives[:] = info["lives"]
         self._return[:], self._length[:] = 0.0, 0
-        _to_hwc(obs, obs_out)
+        self._frames = np.zeros((self.num_envs, envs.FRAME_STACK) + obs.shape[2:], np.uint8)
+        self._push(obs[:, 0], np.ones(self.num_envs, bool))
+        self._stacks(obs_out)
 
     def send(self, actions):
         self.env.send(np.asarray(actions, np.int32))
@@ -165,17 +176,32 @@ class NativeAtariBatch:
         self._lives[:] = lives
         cut = truncated & ~terminated
         final_obs = None
-        if cut.any():
-            final_obs = np.empty(obs_out.shape, obs_out.dtype)
-            _to_hwc(info["final_obs"], final_obs)
-        _to_hwc(obs, obs_out)
+        if cut.any():  # the cut games' last observations: their stacks with the final frame pushed
+            final_obs = np.zeros(obs_out.shape, obs_out.dtype)
+            C, last = self._frames.shape[1], info["final_obs"][:, 0]
+            for e in np.flatnonzero(cut):
+                envs.merge_frames([self._frames[e, (self._oldest + k) % C] for k in range(1, C)] + [last[e]],
+                                  final_obs[e])
+        self._push(obs[:, 0], game_over)
+        self._stacks(obs_out)
         return StepResult(reward, done, cut, final_obs, ended, ret, length)
+
+    def _push(self, frame, new_game):
+        """The frame stack, kept here rather than by ale-py (stack_num=1): each env's newest frame
+        takes its oldest one's slot, and a new game's stack restarts as C-1 black frames and its
+        first frame, as ale-py's own stacking does. ale-py then steps 2-5 % faster (it copies one
+        frame per step, not four), and the actor writes one frame per env instead of four."""
+        self._frames[new_game] = 0
+        self._frames[:, self._oldest] = frame
+        self._oldest = (self._oldest + 1) % self._frames.shape[1]
+
+    def _stacks(self, out):
+        """out[E, H, W, C]: each env's frames from the oldest to the newest, interleaved."""
+        C = self._frames.shape[1]
+        slots = [(self._oldest + k) % C for k in range(C)]
+        for e in range(self.num_envs):
+            envs.merge_frames([self._frames[e, s] for s in slots], out[e])
 
     def close(self):
         self.env.close()
 
-
-def _to_hwc(chw, out):
-    """[E, C, H, W] -> out[E, H, W, C], one env at a time (envs.merge_frames)."""
-    for e in range(chw.shape[0]):
-        envs.merge_frames(list(chw[e]), out[e])

@@ -145,6 +145,32 @@ def test_time_limit_is_a_truncation_with_the_last_observation(backend):
         assert all(np.array_equal(after[..., 0], after[..., c]) for c in range(1, 3))
 
 
+def test_native_stacks_equal_ale_pys_own_stacking():
+    """The frame stacks NativeAtariBatch keeps (ale-py steps with stack_num=1) are exactly those of
+    ale-py's own stacking (stack_num=4), in the observations and the cut games' final_obs, over
+    games that restart at the time limit."""
+    E, seed = 3, 5
+    batch = env_batch.make_batch("native", "PongNoFrameskip-v4", E, seed=seed, max_episode_frames=400)
+    ale = env_batch.ale_vector_env("PongNoFrameskip-v4", E, threads=1, max_episode_frames=400, stack_num=4)
+    obs = np.zeros((E, 84, 84, 4), np.uint8)
+    batch.reset(obs)
+    ref, _ = ale.reset(seed=seed + 1)
+    np.testing.assert_array_equal(obs, np.moveaxis(ref, 1, -1))
+    actions, cuts = np.random.default_rng(0).integers(0, 6, (250, E)), 0
+    for a in actions:
+        batch.send(a)
+        r = batch.recv(obs)
+        ref, _, _, truncated, info = ale.step(a.astype(np.int32))
+        np.testing.assert_array_equal(obs, np.moveaxis(ref, 1, -1))
+        np.testing.assert_array_equal(r.cut, truncated)
+        for e in np.flatnonzero(r.cut):
+            np.testing.assert_array_equal(r.final_obs[e], np.moveaxis(info["final_obs"][e], 0, -1))
+        cuts += int(r.cut.sum())
+    batch.close()
+    ale.close()
+    assert cuts >= 2 * E  # every env restarted at least twice
+
+
 def test_backend_choice_and_errors():
     assert env_batch.resolve_backend("auto", "PongNoFrameskip-v4") == "native"
     assert env_batch.resolve_backend("auto", "CartPole-v1") == "python"

@@ -26,11 +26,22 @@ class SimpleConvTorso(snt.Module):
         self._conv1 = snt.Conv2D(32, kernel_shape=4, stride=2, padding="VALID")
         self._linear = snt.Linear(256)
 
-    def __call__(self, frames):  # [N, H, W, C] float in [0, 1]
-        x = tf.nn.relu(self._conv0(frames))
+    def __call__(self, frames, frame_scale=1.0):  # [N, H, W, C] float; frames * frame_scale in [0, 1]
+        x = tf.nn.relu(folded_conv(self._conv0, frames, frame_scale))
         x = tf.nn.relu(self._conv1(x))
         x = snt.Flatten()(x)
         return tf.nn.relu(self._linear(x))
+
+
+def folded_conv(conv, x, scale):
+    """conv(x * scale), the scale folded into the kernel: a product over the 8x8x4x16 kernel, not
+    over every frame. Built (Sonnet builds on the first call) with the scale applied to x."""
+    if scale == 1.0 or not hasattr(conv, "w"):
+        return conv(x * scale if scale != 1.0 else x)
+    assert conv.padding_func is None and conv.data_format == "NHWC", "folded_conv: VALID/SAME NHWC convs only"
+    y = tf.nn.convolution(x, conv.w * tf.constant(scale, x.dtype), strides=conv.stride, padding=conv.conv_padding,
+                          dilations=conv.rate)
+    return tf.nn.bias_add(y, conv.b) if conv.with_bias else y
 
 
 class SimpleConvNetAgent(FeedForwardAgent):

@@ -48,8 +48,8 @@ class ResNetTorso(snt.Module):
         self._sections = [ConvSection(c) for c in SECTION_CHANNELS]
         self._linear = snt.Linear(256)
 
-    def __call__(self, frames):  # [N, H, W, C] float in [0, 1]
-        x = frames
+    def __call__(self, frames, frame_scale=1.0):  # [N, H, W, C] float; frames * frame_scale in [0, 1]
+        x = frames * frame_scale if frame_scale != 1.0 else frames
         for section in self._sections:
             x = section(x)
         x = snt.Flatten()(tf.nn.relu(x))

@@ -171,9 +171,12 @@ def test_simple_conv_fits_its_first_conv_to_the_frame_size(size, kernel, stride)
     assert x.shape == (1, 9, 9, 32)
 
 
-def test_uint8_frames_are_scaled_to_unit_floats():
-    agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
-    frames = observations("SimpleConvNetAgent", (2,))
+@pytest.mark.parametrize("name", ["SimpleConvNetAgent", "ResNetAgent"])
+def test_uint8_frames_are_scaled_to_unit_floats(name):
+    """uint8 frames reach the torso unscaled, the 1/255 folded into the first conv's kernel
+    (ResNet: scaled before it); floats in [0, 1] go through unfolded: the same outputs."""
+    agent = nets.make_agent(name, NUM_ACTIONS)
+    frames = observations(name, (2,))
     out_uint8, _ = agent(frames, np.zeros(2, bool), ())
     out_float, _ = agent(frames.astype(np.float32) / 255.0, np.zeros(2, bool), ())
     np.testing.assert_allclose(out_uint8.policy_logits, out_float.policy_logits, atol=1e-5)

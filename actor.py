@@ -330,6 +330,7 @@ def run(flags, task, log=print):
     agent, spec, env_spec = build_agent(flags.level_name, flags.agent_name, T, screen(flags), flags.compute_dtype,
                                         sends_frames(flags), flags.normalize_observations, flags.normalize_returns)
     set_weights = make_weight_setter(nets.published_variables(agent))
+    refresh_casts = nets.freeze_casts(agent)  # bfloat16 copies of the torso's weights, cast once per update
     groups = make_groups(flags, task, agent, env_spec)
     n = E // len(groups)
     # Traced now, while the learner starts up, not when the first unroll should begin; without
@@ -358,6 +359,7 @@ def run(flags, task, log=print):
             new = client.fetch_weights_if_new()
             if new is not None:
                 set_weights(tf.constant(new[1]))
+                refresh_casts()
         except tf.errors.OpError as e:  # any failed read: the session is suspect, start a new one
             if not _reconnect(client, flags, stopper, log, "actor %d: reading weights from %s failed (%s), "
                               "reconnecting" % (task, learner, type(e).__name__)):

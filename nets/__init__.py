@@ -9,8 +9,8 @@ Variables are created on the first call (Sonnet 2 builds lazily).
 """
 import operator
 
-from nets.base import (AgentOutput, RunningNormalizer, normalizers, orthogonal_init, preprocess_observation,
-                       published_variables)
+from nets.base import (AgentOutput, RunningNormalizer, freeze_casts, normalizers, orthogonal_init,
+                       preprocess_observation, published_variables)
 from nets.conv import SimpleConvNetAgent
 from nets.mlp import MLPAgent, MLPLSTMAgent
 from nets.resnet import ResNetAgent, ResNetLSTMAgent
@@ -45,6 +45,6 @@ def make_agent(agent_name, num_actions, obs_shape=None):
     return _AGENTS[agent_name](count)
 
 
-__all__ = ["AGENT_NAMES", "AgentOutput", "make_agent", "RunningNormalizer", "normalizers", "orthogonal_init",
-           "preprocess_observation", "published_variables", "SimpleConvNetAgent",
+__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "make_agent", "RunningNormalizer", "normalizers",
+           "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
            "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]

@@ -113,9 +113,31 @@ def run_torso(torso, x, dtype, frame_scale=1.0):
         return torso(x, **kwargs)
     if not tf.Module.trainable_variables.fget(torso):  # Sonnet builds on the first call: in float32
         torso(tf.cast(x[:1], tf.float32), **kwargs)
-    with snt.custom_variable_getter(lambda v: tf.cast(v, dtype)):
+    cast = getattr(torso, "frozen_cast", None) or (lambda v: tf.cast(v, dtype))  # see freeze_casts
+    with snt.custom_variable_getter(cast):
         y = torso(tf.cast(x, dtype), **kwargs)
     return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), y)
+
+
+def freeze_casts(agent):
+    """For an agent that only infers (an actor): its torsos read copies of their variables cast
+    to the compute dtype once, not on every call (the FC's 663K weights were 1.4 % of the cores
+    at 84x84 in bfloat16). Returns refresh(), to call after every change of the weights.
+    The copies live in a closure, out of the agent's variables and checkpoints."""
+    dtype = agent.compute_dtype
+    torsos = [t for t in (getattr(agent, "_torso", None), getattr(agent, "_value_torso", None)) if t is not None]
+    pairs = [(v, tf.Variable(tf.cast(v, dtype), trainable=False))
+             for t in torsos for v in tf.Module.trainable_variables.fget(t)]
+    if dtype == tf.float32 or not pairs:
+        return lambda: None
+    copies = {v.ref(): c for v, c in pairs}
+    for t in torsos:
+        t.frozen_cast = lambda v: copies[v.ref()]
+
+    def refresh():
+        for v, c in pairs:
+            c.assign(tf.cast(v, dtype))
+    return refresh
 
 
 def orthogonal_init(agent, seed=0):

@@ -153,6 +153,23 @@ def test_bfloat16_torso_keeps_float32_variables_and_outputs_close_to_float32(nam
         assert cos > 0.98
 
 
+def test_frozen_casts_act_like_the_agent_until_the_weights_change_and_after_refresh():
+    agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
+    agent.compute_dtype = tf.bfloat16
+    frames, first = observations("SimpleConvNetAgent", (3,)), np.zeros(3, bool)
+    agent(frames, first, ())  # built
+    before = agent(frames, first, ())[0].policy_logits.numpy()
+    refresh = nets.freeze_casts(agent)
+    np.testing.assert_array_equal(agent(frames, first, ())[0].policy_logits, before)
+    w = agent._torso._linear.w
+    w.assign(w * 3.0)
+    stale = agent(frames, first, ())[0].policy_logits.numpy()
+    np.testing.assert_array_equal(stale, before)  # the copies are read, not the variables
+    refresh()
+    assert np.abs(agent(frames, first, ())[0].policy_logits.numpy() - before).max() > 1e-3
+    assert all(v.dtype == tf.float32 for v in agent.variables)  # the copies are not the agent's variables
+
+
 def test_a_bfloat16_agent_builds_its_variables_in_float32():
     agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS)
     agent.compute_dtype = tf.bfloat16  # before the first call

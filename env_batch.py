@@ -141,7 +141,7 @@ class NativeAtariBatch:
         self._lives = np.zeros(num_envs, np.int32)
         self._return = np.zeros(num_envs, np.float64)
         self._length = np.zeros(num_envs, np.int32)
-        self._frames = None  # [E, C, H, W]: each env's last C frames in a ring of C slots
+        self._frames = None  # [C, E, H, W]: each env's last C frames in a ring of C slots
         self._oldest = 0  # the slot of the oldest frame, the same in every env
 
     @property
@@ -153,7 +153,7 @@ class NativeAtariBatch:
         obs, info = self.env.reset(seed=self._seed + 1)
         self._lives[:] = info["lives"]
         self._return[:], self._length[:] = 0.0, 0
-        self._frames = np.zeros((self.num_envs, envs.FRAME_STACK) + obs.shape[2:], np.uint8)
+        self._frames = np.zeros((envs.FRAME_STACK, self.num_envs) + obs.shape[2:], np.uint8)
         self._push(obs[:, 0], np.ones(self.num_envs, bool))
         self._stacks(obs_out)
 
@@ -178,9 +178,9 @@ class NativeAtariBatch:
         final_obs = None
         if cut.any():  # the cut games' last observations: their stacks with the final frame pushed
             final_obs = np.zeros(obs_out.shape, obs_out.dtype)
-            C, last = self._frames.shape[1], info["final_obs"][:, 0]
+            C, last = self._frames.shape[0], info["final_obs"][:, 0]
             for e in np.flatnonzero(cut):
-                envs.merge_frames([self._frames[e, (self._oldest + k) % C] for k in range(1, C)] + [last[e]],
+                envs.merge_frames([self._frames[(self._oldest + k) % C, e] for k in range(1, C)] + [last[e]],
                                   final_obs[e])
         self._push(obs[:, 0], game_over)
         self._stacks(obs_out)
@@ -191,16 +191,19 @@ class NativeAtariBatch:
         takes its oldest one's slot, and a new game's stack restarts as C-1 black frames and its
         first frame, as ale-py's own stacking does. ale-py then steps 2-5 % faster (it copies one
         frame per step, not four), and the actor writes one frame per env instead of four."""
-        self._frames[new_game] = 0
-        self._frames[:, self._oldest] = frame
-        self._oldest = (self._oldest + 1) % self._frames.shape[1]
+        self._frames[:, new_game] = 0
+        self._frames[self._oldest] = frame
+        self._oldest = (self._oldest + 1) % self._frames.shape[0]
 
     def _stacks(self, out):
-        """out[E, H, W, C]: each env's frames from the oldest to the newest, interleaved."""
-        C = self._frames.shape[1]
-        slots = [(self._oldest + k) % C for k in range(C)]
-        for e in range(self.num_envs):
-            envs.merge_frames([self._frames[e, s] for s in slots], out[e])
+        """out[E, H, W, C]: each env's frames from the oldest to the newest, interleaved, all
+        envs in one merge (slot s of the ring is one [E * H, W] image)."""
+        C, E, H, W = self._frames.shape
+        whole = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)  # reshaped as a view
+        envs.merge_frames([self._frames[(self._oldest + k) % C].reshape(E * H, W) for k in range(C)],
+                          whole.reshape(E * H, W, C))
+        if whole is not out:
+            out[...] = whole
 
     def close(self):
         self.env.close()

@@ -184,12 +184,14 @@ def spread(xs):
 
 # ------------------------------------------------------------------ suites
 # Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
-# Actors: the native vector env (the default backend for Atari) in 2 groups that step while the
-# other infers (bench/actor_overlap.py); the Python backend is measured beside it as the before.
-# The learner on one TensorFlow thread: on 2 cores the actors are the bottleneck, and the learner
-# on one thread left them a little more CPU (1.04x over 9 pairs, within the spread; actor_layout.md).
-OURS = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # actors, envs per actor, extra flags
-OURS_ALLCORES = (3, 32, ["--compute_dtype=bfloat16"])  # before: the learner on TensorFlow's default threads
+# Actors: the native vector env (the default backend for Atari), 64 envs each in one group: on 2
+# cores three actor processes already overlap env stepping and inference with each other, and an
+# inference batch of 64 costs less per frame than two of 32 (actor_layout.md, 2026-11-24 fifth
+# session: 1.15-1.25x over 3 x 32 in 2 groups). The Python backend is measured beside it as the
+# before. The learner on one TensorFlow thread: on 2 cores the actors are the bottleneck, and the
+# learner on one thread left them a little more CPU (1.04x over 9 pairs, within the spread).
+OURS = (3, 64, ["--compute_dtype=bfloat16", "--learner_threads=1", "--env_groups=1"])  # actors, envs each, flags
+OURS_3X32 = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # before: 2 groups of 16 per actor
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
@@ -219,14 +221,14 @@ def suite_throughput(a, out):
     failed = {"sf": [], "rllib": []}
     trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
     peer_info = {}
-    res = {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_allcores", "impala_python",
+    res = {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_3x32", "impala_python",
                            "sb3_2", "sb3_16", "sf", "rllib")}
     bottleneck = {}
     cores = os.cpu_count()
     for rep in range(a.repeats):
         res["ceiling_python"].append(ceiling.python_fps(level, cores, 20))
         res["ceiling_native"].append(ceiling.native_fps(level, cores, 20))
-        for key, (actors, envs, extra) in (("impala", OURS), ("impala_allcores", OURS_ALLCORES),
+        for key, (actors, envs, extra) in (("impala", OURS), ("impala_3x32", OURS_3X32),
                                            ("impala_python", OURS_PYTHON)):
             fps, breakdown = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
             res[key].append(fps)
@@ -254,12 +256,14 @@ def suite_throughput(a, out):
              res["ceiling_python"], "%.2f of the limit" % (med["ceiling_python"] / limit)),
             ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
              res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
-            ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in 2 groups, "
-             "bfloat16 torso, newest frames sent, the learner on 1 TensorFlow thread" % OURS[:2], res["impala"],
+            ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in one group "
+             "(inference on all %d frames at once), bfloat16 torso, newest frames sent, the learner on 1 "
+             "TensorFlow thread" % (OURS[0], OURS[1], OURS[1]), res["impala"],
              "**%.2f of the limit**" % (med["impala"] / limit)),
-            ("ours with the learner on TensorFlow's default threads (all cores; before `--learner_threads=1`)",
-             res["impala_allcores"], "%.2f of the limit; ours / this = %.2f" % (
-                 med["impala_allcores"] / limit, med["impala"] / med["impala_allcores"])),
+            ("ours in the layout before: %d actor processes x %d envs in 2 groups (inference on %d frames at a time)"
+             % (OURS_3X32[0], OURS_3X32[1], OURS_3X32[1] // 2),
+             res["impala_3x32"], "%.2f of the limit; ours / this = %.2f" % (
+                 med["impala_3x32"] / limit, med["impala"] / med["impala_3x32"])),
             ("ours with the Python env backend (before the native backend), 2 actors, 1 group, float32",
              res["impala_python"],
              "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,

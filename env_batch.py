@@ -189,8 +189,9 @@ class NativeAtariBatch:
     def _push(self, frame, new_game):
         """The frame stack, kept here rather than by ale-py (stack_num=1): each env's newest frame
         takes its oldest one's slot, and a new game's stack restarts as C-1 black frames and its
-        first frame, as ale-py's own stacking does. ale-py then steps 2-5 % faster (it copies one
-        frame per step, not four), and the actor writes one frame per env instead of four."""
+        first frame, as ale-py's own stacking does. ale-py steps as fast either way (0.99x), but
+        the ring, slot-major, lets one OpenCV merge interleave all envs' stacks (_stacks): 31 us
+        for 16 envs against 257 us for numpy's channel-by-channel copy (actor_costs.md)."""
         self._frames[:, new_game] = 0
         self._frames[self._oldest] = frame
         self._oldest = (self._oldest + 1) % self._frames.shape[0]

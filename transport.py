@@ -118,10 +118,10 @@ def stack_frames(frames, stack_reset):
     C = frames.shape[1] - T1 + 1
     H, W = frames.shape[2:]
     obs = np.empty((T1, B, H, W, C), frames.dtype)
-    stacks = np.empty((T1 * H, W, C), frames.dtype)  # one unroll's: 5x numpy's channel-by-channel copy
+    stacks = np.empty((T1, H, W, C), frames.dtype)  # one unroll's: 5x numpy's channel-by-channel copy
     for b in range(B):
-        envs.merge_frames([frames[b, k:k + T1].reshape(T1 * H, W) for k in range(C)], stacks)
-        obs[:, b] = stacks.reshape(T1, H, W, C)
+        envs.merge_frames([frames[b, k:k + T1] for k in range(C)], stacks)
+        obs[:, b] = stacks
     for b, t in zip(*np.nonzero(stack_reset[:, 1:])):
         for d in range(min(C - 1, T1 - 1 - t)):  # observation t+1+d: channels before the reset
             obs[t + 1 + d, b, ..., :C - 1 - d] = 0

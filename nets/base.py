@@ -125,10 +125,12 @@ def freeze_casts(agent):
     at 84x84 in bfloat16). Returns refresh(), to call after every change of the weights.
     The copies live in a closure, out of the agent's variables and checkpoints."""
     dtype = agent.compute_dtype
+    if dtype == tf.float32:  # nothing is cast
+        return lambda: None
     torsos = [t for t in (getattr(agent, "_torso", None), getattr(agent, "_value_torso", None)) if t is not None]
     pairs = [(v, tf.Variable(tf.cast(v, dtype), trainable=False))
              for t in torsos for v in tf.Module.trainable_variables.fget(t)]
-    if dtype == tf.float32 or not pairs:
+    if not pairs:
         return lambda: None
     copies = {v.ref(): c for v, c in pairs}
     for t in torsos:

@@ -36,8 +36,10 @@ class SimpleConvTorso(snt.Module):
 def folded_conv(conv, x, scale):
     """conv(x * scale), the scale folded into the kernel: a product over the 8x8x4x16 kernel, not
     over every frame. Built (Sonnet builds on the first call) with the scale applied to x."""
-    if scale == 1.0 or not hasattr(conv, "w"):
-        return conv(x * scale if scale != 1.0 else x)
+    if scale == 1.0:
+        return conv(x)
+    if not hasattr(conv, "w"):  # not built yet
+        return conv(x * scale)
     assert conv.padding_func is None and conv.data_format == "NHWC", "folded_conv: VALID/SAME NHWC convs only"
     y = tf.nn.convolution(x, conv.w * tf.constant(scale, x.dtype), strides=conv.stride, padding=conv.conv_padding,
                           dilations=conv.rate)

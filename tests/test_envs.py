@@ -155,3 +155,9 @@ def test_merge_frames_interleaves_into_contiguous_and_strided_outputs():
     strided = np.zeros((84, 84, 8), np.uint8)[..., ::2]  # OpenCV cannot write here: copied
     envs.merge_frames(list(frames), strided)
     assert np.array_equal(strided, expected)
+    batch = np.stack([frames, frames[::-1]], axis=1)  # [4, 2, 84, 84]: leading axes merge as one image
+    both = np.zeros((2, 84, 84, 8), np.uint8)[..., 1::2]
+    envs.merge_frames(list(batch), both)
+    assert np.array_equal(both, np.moveaxis(batch, 0, -1))
+    envs.merge_frames(list(batch), out)
+    assert np.array_equal(out, np.moveaxis(batch, 0, -1))

@@ -51,7 +51,7 @@ flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor pr
 
 flags.DEFINE_enum("env_backend", "auto", ["auto", "native", "python"], "How actors step Atari games: "
                   "native: ale-py's C++ vector env (preprocessing in C++ threads); python: one gymnasium "
-                  "env per game, stepped in Python (envs.py); auto: native for Atari, python otherwise "
+                  "env per game, stepped in Python (envs/factory.py); auto: native for Atari, python otherwise "
                   "(classic control, MuJoCo).")
 flags.DEFINE_integer("env_threads", 1, "C++ threads of each native env group (--env_backend=native).")
 flags.DEFINE_integer("env_groups", 0, "Groups the actor's envs are split into: with 2, one group steps "
@@ -278,12 +278,12 @@ def validate_run():
     if not spec.discrete:
         raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
                          "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
-    import actor as actor_lib
+    from impala import actor as actor_lib
     try:
         actor_lib.sends_frames(FLAGS)  # resolves --env_backend too
     except ValueError as e:
         raise UsageError(str(e))
-    import replay
+    from impala import replay
     try:
         replay.parse_replay_parameters(FLAGS.replay_parameters)
     except replay.ReplayConfigError as e:
@@ -295,8 +295,8 @@ def validate_run():
 
 # ----------------------------------------------------------------- jobs
 def run_learner():
-    import learner as learner_lib
-    import devices
+    from impala import learner as learner_lib
+    from impala import devices
     rank, size, local_rank = 0, 1, 0
     if len(FLAGS.learner_hosts) > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
         import horovod.tensorflow as hvd
@@ -322,9 +322,9 @@ def run_learner():
 
 
 def run_actor():
-    import devices
+    from impala import devices
     devices.hide_gpus_from_actor()  # before the actor's first TensorFlow op
-    import actor as actor_lib
+    from impala import actor as actor_lib
     code = actor_lib.run(FLAGS, FLAGS.task, log=log)
     # A connection attempt abandoned in a helper thread can block interpreter shutdown
     # inside TensorFlow; the actor has nothing left to save, so leave at once.
@@ -337,9 +337,9 @@ def run_test():
     """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std."""
     import numpy as np
     import tensorflow as tf
-    import actor as actor_lib
+    from impala import actor as actor_lib
     import envs
-    import learner as learner_lib
+    from impala import learner as learner_lib
     source = FLAGS.load_model_url or FLAGS.logdir
     agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
                                            actor_lib.screen(FLAGS),
@@ -410,7 +410,7 @@ def main(argv):
         if FLAGS.job_name == "actor":
             return run_actor()
         if FLAGS.job_name == "evaluator":
-            import actor as actor_lib
+            from impala import actor as actor_lib
             return actor_lib.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(), log=log)
         return run_learner()
     except (UsageError, FileNotFoundError) as e:

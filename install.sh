@@ -61,6 +61,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The project itself, editable: a .pth puts the repository on the venv's path, so tests, bench/
+# and tools/ import its packages (impala, envs, cluster, walle, nets) from anywhere. No network:
+# setuptools comes from requirements.txt.
+# compat mode writes a plain .pth with the repository's path (tests/ and bench/ import as packages too);
+# the check runs from / because the current directory would satisfy it by itself.
+if ! (cd / && "$venv/bin/python" -c "import impala, os, sys; sys.exit(os.path.dirname(os.path.dirname(impala.__file__)) != sys.argv[1])" "$here") >/dev/null 2>&1; then
+  log "pip: installing this project (editable)"
+  "${pip[@]}" install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e "$here"
+fi
+
 # ---- 3. Horovod from source (cached wheel) ----------------------------------
 # A GPU host's wheel lives in $wheel_dir/gpu; with HOROVOD_GPU_OPERATIONS=NCCL and a CUDA
 # toolkit (HOROVOD_CUDA_HOME) in the environment it also does the allreduce on the GPU,

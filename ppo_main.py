@@ -11,7 +11,7 @@ import sys
 
 def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import ppo  # TensorFlow loads here, not at module level (as in ppo_parallel_main.py)
+    from walle import ppo  # TensorFlow loads here, not at module level (as in ppo_parallel_main.py)
     return ppo.main(sys.argv[1:], __doc__, default_batch_size=10000, default_num_samplers=1,
                     allow_num_samplers=False)
 

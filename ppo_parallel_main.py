@@ -14,7 +14,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # TensorFlow loads here, not at module level: the "spawn" start method
     # re-imports this file in every sampler process, which must stay TF-free.
-    import ppo
+    from walle import ppo
     return ppo.main(sys.argv[1:], __doc__, default_batch_size=1000, default_num_samplers=os.cpu_count() or 1)
 
 

@@ -47,13 +47,13 @@ import sys
 from absl import app
 from absl import flags
 
-import hosts as hosts_lib
-import launch
-import plan as plan_lib
-import reach
-import watch
-import workers_csv
-from plan import EXIT_BAD_INPUT, UsageError
+from cluster import hosts as hosts_lib
+from cluster import launch
+from cluster import plan as plan_lib
+from cluster import reach
+from cluster import watch
+from cluster import workers_csv
+from cluster.plan import EXIT_BAD_INPUT, UsageError
 
 flags.DEFINE_string("workers_csv_path", None, "The workers CSV (see workers_csv.py and sandbox/).")
 flags.DEFINE_enum("action", "start", ["start", "stop", "status", "watch"],

@@ -24,8 +24,6 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
 
 def per_call(fn, seconds=2.0):
@@ -50,7 +48,7 @@ def interleave_pair():
 
 
 def stack_pair():
-    import transport
+    from impala import transport
     frames = np.random.default_rng(0).integers(0, 256, (32, 24, 84, 84), np.uint8)
     reset = np.zeros((32, 21), bool)
 
@@ -63,7 +61,7 @@ def stack_pair():
 
 
 def ale_fps(stack_num, seconds=8.0):
-    import env_batch
+    from envs import batch as env_batch
     env = env_batch.ale_vector_env("PongNoFrameskip-v4", 32, threads=2, stack_num=stack_num)
     env.reset(seed=1)
     rng, steps, t0 = np.random.default_rng(0), 0, time.perf_counter()
@@ -78,8 +76,8 @@ def ale_fps(stack_num, seconds=8.0):
 
 def dispatch_pair():
     import tensorflow as tf
-    import actor
-    import devices
+    from impala import actor
+    from impala import devices
     import nets
     devices.set_threads(1)
     agent, _, _ = actor.build_agent("PongNoFrameskip-v4", "SimpleConvNetAgent", 20, 84, "bfloat16")
@@ -126,7 +124,7 @@ def main():
         lines.append("| %s | %s | %s | %s | %s | **%.2fx** |" % (k, name_b, name_a, fmt(b, unit, scale),
                                                                    fmt(f, unit, scale), gain))
     lines += ["", "Command: `.venv/bin/python bench/actor_costs.py --rounds %d`" % a.rounds]
-    import run as harness
+    from bench import run as harness
     out = harness.machine_dir()
     os.makedirs(out, exist_ok=True)
     lines += ["", harness.machine_line(harness.write_machine(out))]

@@ -10,10 +10,10 @@ layout with the learner's time breakdown (summary.json), in the order given.
 import os
 import sys
 
+from bench import cpu_split
+from bench import run as harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import cpu_split  # noqa: E402
-import run as harness  # noqa: E402
 
 
 def main():

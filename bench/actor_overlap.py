@@ -1,7 +1,7 @@
 """How fast can one actor process step Pong and run its policy? Each lever of issue 14 item 2,
 measured alone (no learner, no transport), round-robin, in fresh processes:
 
-  python       envs.py's gymnasium envs stepped one by one in Python, then inference (today's actor)
+  python       envs/factory.py's gymnasium envs stepped one by one in Python, then inference (today's actor)
   native       ale-py's C++ vector env, stepped and then inferred, alternately
   groups2      native, the envs in 2 groups: one group steps in C++ threads while the other infers
                (Sample Factory's double-buffered sampling); through actor.fill_unroll, as the actor runs it
@@ -24,7 +24,6 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 
 VARIANTS = ["python", "native", "groups2", "async_half"]
 
@@ -34,7 +33,7 @@ def measure(variant, envs_per_actor, env_threads, seconds, size):
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     import numpy as np
     import tensorflow as tf
-    import actor
+    from impala import actor
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     level, T = "PongNoFrameskip-v4", 20
@@ -117,8 +116,7 @@ def main():
                 raise RuntimeError("%s:%d failed: %s" % (v, t, out.stderr[-1500:]))
             res[(v, t)].append(json.loads(line[-1]))
             print("round %d %-10s threads %d: %s" % (r + 1, v, t, res[(v, t)][-1]), flush=True)
-    sys.path.insert(0, HERE)
-    import run as harness
+    from bench import run as harness
     out_dir = harness.machine_dir()
     os.makedirs(out_dir, exist_ok=True)
     base = statistics.median(x["fps"] for x in res[("python", 1)]) if ("python", 1) in res else None

@@ -16,10 +16,10 @@ import sys
 import tempfile
 import time
 
+from local_cluster import LocalCluster, obey_ctrl_c
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 # APPO-style settings: Adam, each batch used 8 times under a PPO clip, V-trace lambda 0.8,
 # gamma 0.98, no entropy bonus; one actor process stepping 16 envs. Chosen by a sweep of 12

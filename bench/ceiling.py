@@ -1,7 +1,7 @@
 """The physical limit: the fastest these cores step an Atari game, random actions, no learning.
 
 Measured two ways, each in fresh processes:
-  python  N processes, each stepping one envs.py env (gymnasium wrappers in Python)
+  python  N processes, each stepping one envs/factory.py env (gymnasium wrappers in Python)
   native  one process with ale-py's C++ vector env, threads = cores (preprocessing in C++),
           at 32 and 64 envs; its figure is the faster of the two
 
@@ -18,7 +18,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
 
 def _python_env(level, seconds, seed, screen, out):
@@ -39,7 +38,7 @@ def _python_env(level, seconds, seed, screen, out):
 
 def _native_env(level, seconds, num_envs, threads, screen, out):
     import numpy as np
-    import env_batch
+    from envs import batch as env_batch
     batch = env_batch.make_batch("native", level, num_envs, seed=1, screen_size=screen, threads=threads)
     w, h = screen
     obs = np.zeros((num_envs, h, w, 4), np.uint8)
@@ -67,7 +66,7 @@ def _in_processes(target, args_list, seconds):
 
 
 def python_fps(level, processes, seconds, screen=(84, 84)):
-    """Frames/s of `processes` processes stepping one envs.py env each."""
+    """Frames/s of `processes` processes stepping one envs/factory.py env each."""
     return 4 * _in_processes(_python_env, [(level, seconds, i, screen) for i in range(processes)], seconds)
 
 

@@ -34,10 +34,10 @@ import sys
 import tempfile
 import time
 
+from local_cluster import LocalCluster
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
 
 FLAGS = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=8", "--unroll_length=20",
          "--envs_per_actor=4", "--queue_capacity=16", "--entropy_cost=0.01", "--learning_rate=0.001",

@@ -8,9 +8,7 @@ channels are ever active on those frames and how many vary across them, how much
 policy's probabilities vary across frames (0: the policy ignores the screen) and the
 baseline's mean and spread, then the norm of every variable.
 """
-import os
 import sys
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np, tensorflow as tf, sonnet as snt
 import envs, nets
 ck = sys.argv[1]

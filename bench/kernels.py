@@ -57,10 +57,9 @@ def timed(fn, n, reps):
 
 def make_learner(argv, tag):
     """A Learner (rank 0 of 1) from experiment.py flags `argv`, in this process."""
-    sys.path.insert(0, ROOT)
     from absl import flags
     import experiment  # noqa: F401  (defines the flags)
-    import learner as learner_lib
+    from impala import learner as learner_lib
     flags.FLAGS([tag] + argv)
     return learner_lib.Learner(flags.FLAGS, os.path.join("/tmp", "%s_bench_%d" % (tag, os.getpid())), 0, 1)
 
@@ -142,8 +141,7 @@ def main():
     if a.child:
         print(json.dumps({a.child: measure(a.child, argv, a.reps)}), flush=True)
         return 0
-    sys.path.insert(0, HERE)
-    import run as harness
+    from bench import run as harness
     res = {}
     for r in range(a.rounds):
         for w in a.workloads:

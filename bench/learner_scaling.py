@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 
+from local_cluster import LocalCluster
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
 
 
 def allreduce_probe(level, agent_name, iters, out_path):
@@ -37,7 +37,7 @@ def allreduce_probe(level, agent_name, iters, out_path):
     import numpy as np
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    import actor as actor_lib
+    from impala import actor as actor_lib
     hvd.init()
     agent, _, _ = actor_lib.build_agent(level, agent_name, 20)
     grads = [tf.random.normal(v.shape) for v in agent.trainable_variables]

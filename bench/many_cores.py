@@ -13,11 +13,11 @@ import os
 import sys
 import time
 
+from bench import ceiling
+from bench import cpu_split
+from bench import run as harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import ceiling  # noqa: E402
-import cpu_split  # noqa: E402
-import run as harness  # noqa: E402
 
 LEVEL = "PongNoFrameskip-v4"
 

@@ -24,11 +24,11 @@ import sys
 import tempfile
 import time
 
+from local_cluster import LocalCluster, obey_ctrl_c
+from bench import ceiling
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
-import ceiling  # noqa: E402
 
 
 def expand_flagfiles(flags):

@@ -13,13 +13,12 @@ move at all?); --fake 2: reward 1 for moving the paddle toward the ball, discoun
 visual contextual bandit).
 """
 import argparse
-import os
-import sys
 import time
 import types
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np, tensorflow as tf, sonnet as snt
-import envs, nets, learner as L
+import envs
+import nets
+from impala import learner as L
 
 p = argparse.ArgumentParser()
 p.add_argument("--frames", type=int, default=2_000_000)

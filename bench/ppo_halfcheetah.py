@@ -35,10 +35,10 @@ import sys
 import time
 from importlib import metadata
 
+from tools import plotcurve
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-import plotcurve  # noqa: E402
 
 VARIANTS = {
     "kl": ["--loss", "kl", "-b", "1000"],

@@ -19,10 +19,10 @@ import sys
 import tempfile
 import time
 
+from local_cluster import LocalCluster, obey_ctrl_c
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
 
 
 def variants(capacity):

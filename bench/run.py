@@ -27,12 +27,11 @@ import sys
 import tempfile
 import time
 
+from local_cluster import LocalCluster, obey_ctrl_c
+from bench import cpu_split
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
-from local_cluster import LocalCluster, obey_ctrl_c  # noqa: E402
-import cpu_split  # noqa: E402
 
 SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
 SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
@@ -211,7 +210,7 @@ PEER_ROWS = {
 
 
 def suite_throughput(a, out):
-    import ceiling
+    from bench import ceiling
     level = "PongNoFrameskip-v4"
     notes = []
     peer_error = ensure_peer("sb3")
@@ -252,7 +251,7 @@ def suite_throughput(a, out):
         print("repeat %d: %s" % (rep + 1, {k: round(v[-1]) for k, v in res.items() if v}), flush=True)
     med = {k: statistics.median(v) for k, v in res.items() if v}
     limit = max(med["ceiling_python"], med["ceiling_native"])
-    rows = [("env ceiling: %d Python processes stepping envs.py's Pong, random actions" % cores,
+    rows = [("env ceiling: %d Python processes stepping envs/factory.py's Pong, random actions" % cores,
              res["ceiling_python"], "%.2f of the limit" % (med["ceiling_python"] / limit)),
             ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
              res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
@@ -289,7 +288,7 @@ def suite_throughput(a, out):
                 name, len(failed[key]), a.repeats, failed[key][-1]))
     if res["sf"] or res["rllib"]:
         notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
-                     "with max-pool, 4-frame stack, noop reset: the same observations), not envs.py; frames = 4 x "
+                     "with max-pool, 4-frame stack, noop reset: the same observations), not envs/factory.py; frames = 4 x "
                      "agent steps for them too.")
     notes.append(targets_line(med, limit))
     if bottleneck:

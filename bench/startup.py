@@ -11,19 +11,18 @@ import os
 import sys
 import time
 
+from bench import kernels  # stdlib only at import; the learner pieces come in the child
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-import kernels  # noqa: E402  (stdlib only at import; the learner pieces come in the child)
 
 
 def phases(argv):
     """Seconds of each start-up phase, in this process."""
     t0 = time.perf_counter()
-    sys.path.insert(0, ROOT)
     import tensorflow as tf
     import experiment  # noqa: F401  (defines the flags)
-    import learner  # noqa: F401
+    from impala import learner  # noqa: F401
     t1 = time.perf_counter()
     lrn = kernels.make_learner(argv, "startup")
     t2 = time.perf_counter()
@@ -44,8 +43,7 @@ def main():
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(phases(sys.argv[2:])), flush=True)
         return 0
-    sys.path.insert(0, HERE)
-    import run as harness
+    from bench import run as harness
     names = sys.argv[1:] or ["cartpole", "pong42"]
     lines = ["| workload | " + " | ".join(["imports", "build", "trace", "first update", "steady update"]) + " |",
              "|---|---|---|---|---|---|"]

@@ -18,12 +18,10 @@ import argparse
 import csv
 import os
 import statistics
-import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 
 # WALL-E's published collection speed-ups (HalfCheetah-v2, 20K steps/iteration), read off its figure.
 WALLE_SPEEDUP = {2: 2.0, 5: 6.2, 8: 8.2, 10: 12.3, 20: 19.5}
@@ -59,7 +57,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import envs
-    import samplers
+    from walle import samplers
     from nets.gaussian import GaussianPolicy
 
     spec = envs.env_spec(a.env)

@@ -1,10 +1,8 @@
-"""Shared pytest set-up: the repo root on sys.path, quiet TF, the `slow` and `docker` markers."""
+"""Shared pytest set-up: quiet TF, the `slow` and `docker` markers, the leftovers check. The project
+is importable through its editable install (install.sh)."""
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 

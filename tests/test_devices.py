@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-import devices
+from impala import devices
 import sshd_fixture
 from test_frontend import Run
 

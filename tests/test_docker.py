@@ -9,6 +9,7 @@ checkpoint by playing it, then `down` and check that no container, network or vo
 compose project is left, on failure too.
 """
 import glob
+import importlib.util
 import json
 import os
 import queue
@@ -18,7 +19,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
@@ -28,8 +28,10 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 COMPOSE_FILE = os.path.join(ROOT, "docker", "docker-compose.yml")
-sys.path.insert(0, os.path.join(ROOT, "docker"))
-import entrypoint  # noqa: E402  (docker/entrypoint.py)
+# docker/entrypoint.py is a script inside the image, not a package: loaded from its file
+_spec = importlib.util.spec_from_file_location("entrypoint", os.path.join(ROOT, "docker", "entrypoint.py"))
+entrypoint = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(entrypoint)
 
 
 # ---------------------------------------------------------------------------

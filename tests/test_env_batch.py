@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-import env_batch
+from envs import batch as env_batch
 import envs
 
 BACKENDS = ("python", "native")
@@ -97,7 +97,7 @@ def test_a_lost_life_ends_an_episode_for_training_but_not_the_game(backend):
     assert r.done[0] and not r.cut[0]
     assert dones == 4  # the four lives before the last one
     assert r.episode_return[0] == pytest.approx(total)
-    # envs.py's FireReset takes FIRE and UP as agent steps of the game after every reset
+    # envs/factory.py's FireReset takes FIRE and UP as agent steps of the game after every reset
     extra = 2 * (dones + 1) if backend == "python" else 0
     assert r.episode_length[0] == steps + extra
 
@@ -202,7 +202,7 @@ def test_actor_unrolls_keep_each_env_on_its_own_row(backend, groups):
     previous one ended."""
     import types
     import tensorflow as tf
-    import actor
+    from impala import actor
     E, T = 4, 12
     flags = types.SimpleNamespace(envs_per_actor=E, env_groups=groups, env_backend=backend, env_threads=1,
                                   level_name="PongNoFrameskip-v4", seed=3, width=42, height=42)
@@ -235,9 +235,9 @@ def test_newest_frames_rebuild_the_stacks_also_where_games_restart():
     one with frames, over unrolls of 7 steps and games cut at 100 steps (so new games start
     at every position of an unroll, and their black frames reach into the next unroll)."""
     import tensorflow as tf
-    import actor
+    from impala import actor
     import nets
-    import transport
+    from impala import transport
     E, T, level = 4, 7, "PongNoFrameskip-v4"
     agent, stacks_spec, env_spec = actor.build_agent(level, "SimpleConvNetAgent", T, (42, 42))
     _, frames_spec, _ = actor.build_agent(level, "SimpleConvNetAgent", T, (42, 42), newest_frames=True)

@@ -1,4 +1,4 @@
-"""envs.py: shapes and dtypes per kind, the Atari pipeline, episodic life, game stats, ids."""
+"""envs/factory.py: shapes and dtypes per kind, the Atari pipeline, episodic life, game stats, ids."""
 import numpy as np
 import pytest
 

@@ -13,9 +13,9 @@ import time
 import psutil
 import pytest
 
+from local_cluster import LocalCluster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
 
 PY = sys.executable
 CARTPOLE = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=8",
@@ -84,13 +84,12 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
 
 def test_the_pong_recipe_is_a_valid_run():
     """configs/pong.flags (the README's Pong recipe) parses and passes the run checks."""
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "import experiment\n"
+    code = ("import experiment\n"
             "experiment.FLAGS(['experiment.py', '--flagfile=%s/configs/pong.flags'])\n"
             "experiment.validate_run()\n"
             "F = experiment.FLAGS\n"
             "print('recipe', F.level_name, F.width, F.num_sgd_iter, F.compute_dtype,\n"
-            "      F.normalize_observations, F.normalize_returns)\n" % (ROOT, ROOT))
+            "      F.normalize_observations, F.normalize_returns)\n" % ROOT)
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr
@@ -101,14 +100,14 @@ def test_the_pong_recipe_is_a_valid_run():
 def test_onednn_flag_reaches_tensorflow(flag, expected):
     """--onednn must be set before anything imports TensorFlow, which reads it only then:
     main() sets it and validate_run() is the first import of TensorFlow."""
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = ("import sys\n"
             "import experiment\n"
             "experiment.FLAGS(['experiment.py'] + %r)\n"
             "assert 'tensorflow' not in sys.modules, 'experiment.py imported TensorFlow before set_onednn'\n"
             "experiment.set_onednn()\n"
             "experiment.validate_run()\n"
             "from tensorflow.python.util import _pywrap_util_port\n"
-            "print('onednn', _pywrap_util_port.IsMklEnabled())\n" % (ROOT, flag))
+            "print('onednn', _pywrap_util_port.IsMklEnabled())\n" % flag)
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
@@ -239,8 +238,7 @@ def test_cartpole_learns_within_a_frame_budget(tmp_path):
     22-93K; a random policy scores about 22). A frame budget, not a time limit,
     so a slow machine only takes longer. The learner runs on one TensorFlow thread
     (--learner_threads=1, the throughput suite's setting), which must reach TensorFlow."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import cartpole_impala
+    from bench import cartpole_impala
     logdir = str(tmp_path / "run")
     flags = [f for f in cartpole_impala.FLAGS if not f.startswith("--log_every_s")]
     c = LocalCluster(cartpole_impala.NUM_ACTORS, _free_base_port(),
@@ -265,8 +263,7 @@ def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     at 1.64M and 1.55M frames in the recipe's two runs, seeds 2 and 3 at 1.66M and 2.22M:
     bench/results/2core-amd-epyc/pong_normalize.md; the run stops there). A frame budget: a
     slow machine only takes longer (about 4 minutes at 8K frames/s, 11 at 6K to 4M)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import run as harness
+    from bench import run as harness
     a = dict(zip(harness.PONG_LEARNS[0:8:2], harness.PONG_LEARNS[1:8:2]))
     recipe = [f.split("=", 1)[1] for f in harness.PONG_LEARNS[8:]]  # --flagfile=configs/pong.flags
     flags = recipe + ["--seed=1", "--log_every_s=10", "--envs_per_actor=" + a["--envs_per_actor"],

@@ -4,14 +4,13 @@ train_w_load and the same actors reconnect; a full checkpoint disk is an error l
 not a crash, and the previous checkpoint survives; a truncated newest checkpoint is
 skipped on resume; a killed Horovod rank stops the whole run and it resumes."""
 import os
-import sys
 
 import pytest
 
+from bench import faults
+from tests.test_experiment import _free_base_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import faults  # noqa: E402
-from tests.test_experiment import _free_base_port  # noqa: E402
 
 
 def _check(result):

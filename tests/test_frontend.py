@@ -13,7 +13,6 @@ its logins their own tmux servers (TMUX_TMPDIR).
 Every test uses its own tmux socket and session name and its own temp dir; finalizers
 kill the tmux servers and any process whose command line names the test's run dir.
 """
-import json
 import os
 import re
 import signal

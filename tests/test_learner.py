@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import learner
+from impala import learner
 import nets
-import transport
+from impala import transport
 from tests.test_experiment import _free_base_port
 
 

@@ -11,14 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import numpy as np
 import psutil
 import pytest
 
-import ppo
-import samplers
+from walle import ppo
+from walle import samplers
 from nets.gaussian import GaussianPolicy, ValueNet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -410,13 +409,13 @@ def test_same_seed_same_run(trained_runs):
 def test_plot_scripts_write_png(trained_runs, tmp_path):
     single, parallel = trained_runs["single"][0], trained_runs["parallel"][0]
     out1, out2 = str(tmp_path / "fig.png"), str(tmp_path / "cmp.png")
-    p1 = run_main("plotcurve.py", ["-x", "steps", "-i", single, parallel, "-o", out1])
-    p2 = run_main("plotcurve_cmp.py", ["-x", "time", "-i", parallel, "-b", single, "-o", out2])
+    p1 = run_main("tools/plotcurve.py", ["-x", "steps", "-i", single, parallel, "-o", out1])
+    p2 = run_main("tools/plotcurve_cmp.py", ["-x", "time", "-i", parallel, "-b", single, "-o", out2])
     for proc, out in ((p1, out1), (p2, out2)):
         assert proc.returncode == 0, proc.stderr
         with open(out, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    bad = run_main("plotcurve.py", ["-x", "no_such_column", "-i", single, "-o", out1])
+    bad = run_main("tools/plotcurve.py", ["-x", "no_such_column", "-i", single, "-o", out1])
     assert bad.returncode == 2 and "no column 'no_such_column'" in bad.stderr
 
 

@@ -5,16 +5,15 @@ another exception (which would reach the user as a traceback)."""
 import json
 import os
 import re
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cluster import workers_csv
+from impala import replay
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import replay  # noqa: E402
-import workers_csv  # noqa: E402
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                            HealthCheck.function_scoped_fixture])

@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-import replay as R
+from impala import replay as R
 
 T, A = 4, 3
 

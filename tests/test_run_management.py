@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from local_cluster import LocalCluster
+from tests.test_experiment import CARTPOLE, _free_base_port, _no_leftovers, _run_experiment
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from local_cluster import LocalCluster  # noqa: E402
-from tests.test_experiment import CARTPOLE, _free_base_port, _no_leftovers, _run_experiment  # noqa: E402
 
 ELITE = json.dumps([
     {"type": "queue", "capacity": 1, "sample_ratio": 0.5},

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-import actor
-import transport
+from impala import actor
+from impala import transport
 from tests.test_experiment import _free_base_port
 
 E, T = 8, 2  # unrolls per enqueue, steps per unroll
@@ -142,7 +142,7 @@ def test_sender_turns_an_unexpected_enqueue_error_into_lost():
 def test_atari_unrolls_arrive_bit_for_bit_and_time_major():
     """Every field of Atari-shaped unrolls (uint8 [T+1, 84, 84, 4] frames) reaches the
     learner unchanged, and the learner's time-major view pairs obs[t] with action[t]."""
-    import learner as learner_lib
+    from impala import learner as learner_lib
     spec = transport.make_unroll_spec((84, 84, 4), np.uint8, 6, T, [], 10)
     port = _free_base_port()
     server = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=8, batch_size=E)

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-import workers_csv
-from workers_csv import WorkersCsvError
+from cluster import workers_csv
+from cluster.workers_csv import WorkersCsvError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H = "job,ip,tf_port,cuda_visible_devices,ssh_port,ssh_username,ssh_password"

@@ -1,5 +1,5 @@
 """Stable-Baselines3 PPO, the peer users would pick instead. Runs in .peer-venv-sb3
-(bench/peers/install.sh sb3), never in .venv. Uses this project's envs.py, so the
+(bench/peers/install.sh sb3), never in .venv. Uses this project's envs package, so the
 observations, frame skip and episode statistics are exactly those our IMPALA sees.
 
   throughput: PongNoFrameskip-v4 with SubprocVecEnv (--n_envs processes), a CNN of the

@@ -16,11 +16,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-import devices
-import env_batch
+from impala import devices
+from envs import batch as env_batch
 import envs
 import nets
-import transport
+from impala import transport
 
 
 def screen(flags):

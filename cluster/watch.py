@@ -16,10 +16,10 @@ from absl import flags
 
 import paramiko
 
-import hosts as hosts_lib
-import reach
-from hosts import HostError
-from launch import prelude, status_script, stop
+from cluster import hosts as hosts_lib
+from cluster import reach
+from cluster.hosts import HostError
+from cluster.launch import prelude, status_script, stop
 
 flags.DEFINE_integer("max_restarts", 3, "watch/--follow: restarts of one dead actor before giving up on it.")
 flags.DEFINE_float("watch_interval_s", 10.0, "watch/--follow: seconds between checks of the workers.")

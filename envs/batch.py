@@ -11,7 +11,7 @@ Both give the actor the same thing for each step:
     batch.send(actions)            # native: returns at once, the C++ threads step
     result = batch.recv(obs_out)   # waits; writes the next observations into obs_out
 
-with the semantics of envs.py's Atari pipeline, so the learner cannot tell them apart:
+with the semantics of the factory's Atari pipeline, so the learner cannot tell them apart:
 `done` is the learner's episode boundary (in training a lost life is one, as
 EpisodicLife makes it), `episode_end` / `episode_return` / `episode_length` belong
 to the whole game (all lives), and `cut` marks episodes ended by the time limit
@@ -21,8 +21,8 @@ timeout_value bootstrap. Observations are [E, H, W, 4] uint8 as the nets take th
 interleaved by OpenCV's merge, about 0.035 ms for 32 envs at 84x84).
 
 Two differences of the native backend, both inside ALE's own reset: it presses FIRE
-once after the no-ops (envs.py's FireReset presses FIRE then UP), and after a lost
-life it presses nothing (envs.py presses FIRE and UP again), so in Breakout the agent
+once after the no-ops (the factory's FireReset presses FIRE then UP), and after a lost
+life it presses nothing (the factory presses FIRE and UP again), so in Breakout the agent
 launches the ball itself. Pong has no lives and no ball to launch.
 """
 from typing import NamedTuple
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-import envs
+from envs import factory as envs
 
 
 class StepResult(NamedTuple):
@@ -116,7 +116,7 @@ class PythonBatch:
 
 def ale_vector_env(level_name, num_envs, threads, screen_size=envs.SCREEN_SIZE, max_episode_frames=None,
                    stack_num=envs.FRAME_STACK):
-    """ale-py's AtariVectorEnv for a gymnasium Atari id, with envs.py's preprocessing and
+    """ale-py's AtariVectorEnv for a gymnasium Atari id, with the factory's preprocessing and
     same-step autoreset. Lives are followed by NativeAtariBatch: a lost life must not reset."""
     from ale_py.vector_env import AtariVectorEnv
     spec = gym.spec(level_name)
@@ -132,7 +132,7 @@ def ale_vector_env(level_name, num_envs, threads, screen_size=envs.SCREEN_SIZE, 
 
 
 class NativeAtariBatch:
-    """ale-py's AtariVectorEnv with envs.py's Atari semantics (see the module docstring)."""
+    """ale-py's AtariVectorEnv with the factory's Atari semantics (see the module docstring)."""
 
     def __init__(self, level_name, num_envs, seed, training=True, screen_size=envs.SCREEN_SIZE, threads=1,
                  max_episode_frames=None):

@@ -47,7 +47,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import envs
-import samplers as samplers_lib
+from walle import samplers as samplers_lib
 from nets.gaussian import GaussianPolicy, ValueNet, gaussian_entropy, gaussian_kl, gaussian_log_prob
 
 KL_HINGE_COEF = 50.0  # "eta": weight of the hinge on KL above 2 * kl_targ

@@ -20,7 +20,7 @@ import time
 
 from absl import flags
 
-import hosts as hosts_lib
+from cluster import hosts as hosts_lib
 
 flags.DEFINE_float("reach_timeout_s", 90.0, "start: after the learners start, wait up to this long for each to "
                                             "listen, then check that every actor host can open a TCP connection "

@@ -1,7 +1,7 @@
 """Two sets of PPO runs on one figure: -i (e.g. N samplers) over -b (the baseline,
 e.g. one process). Each set: mean over its runs, min-max band.
 
-    python plotcurve_cmp.py -x time -i 'results/n10_*' -b 'results/n1_*' -o cmp.png
+    python tools/plotcurve_cmp.py -x time -i 'results/n10_*' -b 'results/n1_*' -o cmp.png
 
 Same inputs and columns as plotcurve.py.
 """
@@ -10,7 +10,7 @@ import sys
 
 import matplotlib.pyplot as plt
 
-import plotcurve
+from tools import plotcurve
 
 
 def main(argv=None):

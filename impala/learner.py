@@ -19,11 +19,11 @@ import numpy as np
 import tensorflow as tf
 import sonnet as snt
 
-import actor as actor_lib
-import batches
+from impala import actor as actor_lib
+from impala import batches
 import nets
-import transport
-import replay as replay_lib
+from impala import transport
+from impala import replay as replay_lib
 import vtrace
 
 try:  # Horovod is optional for a single learner

@@ -17,14 +17,14 @@ import time
 
 from absl import flags
 
-import hosts as hosts_lib
-import workers_csv
+from cluster import hosts as hosts_lib
+from cluster import workers_csv
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cluster/ lives in the repository
 
 flags.DEFINE_string("tmux_sess", "impala", "tmux session name on every host.")
 flags.DEFINE_string("tmux_socket", "", "tmux server socket name (tmux -L) on every host; empty: the default server.")
-flags.DEFINE_string("repo_dir", HERE, "The repository's path, the same on every host (as for mpirun).")
+flags.DEFINE_string("repo_dir", REPO_DIR, "The repository's path, the same on every host (as for mpirun).")
 flags.DEFINE_string("python", sys.executable, "Python interpreter for the workers, the same path on every host.")
 flags.DEFINE_string("experiment_script", "experiment.py", "Training script, relative to --repo_dir (or absolute).")
 flags.DEFINE_bool("check_flags", True, "Before starting, load experiment.py here and let it parse the training "
@@ -233,7 +233,7 @@ def _run_flag_check(mode, argvs, repo_dir, python, script, timeout=180):
                          f"(--nocheck_flags skips this check)") from None
 
 
-def experiment_flag_names(repo_dir=HERE, python=sys.executable, script="experiment.py") -> set:
+def experiment_flag_names(repo_dir=REPO_DIR, python=sys.executable, script="experiment.py") -> set:
     """Every flag name experiment.py accepts (its own, its modules', absl's)."""
     return set(_run_flag_check("names", [], repo_dir, python, script)["names"])
 

@@ -1,7 +1,7 @@
 """Learning curve from one or several PPO runs: mean over runs, min-max band.
 
-    python plotcurve.py -x steps -i results/ppo_HalfCheetah-v5_1700000000 -o fig.png
-    python plotcurve.py -x time -i 'results/ppo_HalfCheetah-v5_*' -y return_last10 -o fig.png
+    python tools/plotcurve.py -x steps -i results/ppo_HalfCheetah-v5_1700000000 -o fig.png
+    python tools/plotcurve.py -x time -i 'results/ppo_HalfCheetah-v5_*' -y return_last10 -o fig.png
 
 -i takes run folders (each with a progress.csv, as ppo.py writes), folders of
 run folders, or glob patterns of either. Rows where y is empty (an iteration

@@ -18,10 +18,10 @@ from absl import flags
 
 import paramiko
 
-import hosts as hosts_lib
-import reach
-from hosts import HostError, LocalHost
-from plan import UsageError, write_cluster_json
+from cluster import hosts as hosts_lib
+from cluster import reach
+from cluster.hosts import HostError, LocalHost
+from cluster.plan import UsageError, write_cluster_json
 
 flags.DEFINE_float("stop_timeout_s", 60.0, "stop: seconds the workers get to exit after SIGINT before they "
                                            "are killed.")

@@ -278,9 +278,9 @@ def validate_run():
     if not spec.discrete:
         raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
                          "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
-    from impala import actor as actor_lib
+    from impala import agent as agent_lib
     try:
-        actor_lib.sends_frames(FLAGS)  # resolves --env_backend too
+        agent_lib.sends_frames(FLAGS)  # resolves --env_backend too
     except ValueError as e:
         raise UsageError(str(e))
     from impala import replay
@@ -295,8 +295,8 @@ def validate_run():
 
 # ----------------------------------------------------------------- jobs
 def run_learner():
-    from impala import learner as learner_lib
     from impala import devices
+    from impala import training
     rank, size, local_rank = 0, 1, 0
     if len(FLAGS.learner_hosts) > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
         import horovod.tensorflow as hvd
@@ -316,7 +316,7 @@ def run_learner():
     if rank == 0:
         save_options(logdir)
     assigned = [a for i, a in enumerate(FLAGS.actor_hosts) if i % size == rank]
-    return learner_lib.train(FLAGS, logdir, FLAGS.learner_hosts[rank], len(assigned),
+    return training.train(FLAGS, logdir, FLAGS.learner_hosts[rank], len(assigned),
                              rank=rank, size=size, log=log,
                              actor_ids=[i for i in range(len(FLAGS.actor_hosts)) if i % size == rank])
 
@@ -337,17 +337,18 @@ def run_test():
     """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std."""
     import numpy as np
     import tensorflow as tf
-    from impala import actor as actor_lib
     import envs
+    from impala import agent as agent_lib
+    from impala import evaluator
     from impala import learner as learner_lib
     source = FLAGS.load_model_url or FLAGS.logdir
-    agent, _, spec = actor_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
-                                           actor_lib.screen(FLAGS),
+    agent, _, spec = agent_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
+                                           agent_lib.frame_size_of(FLAGS),
                                            normalize_observations=FLAGS.normalize_observations,
                                            normalize_returns=FLAGS.normalize_returns)
     prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
     env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False,
-                        render_mode="rgb_array" if FLAGS.render else None, screen_size=actor_lib.screen(FLAGS))
+                        render_mode="rgb_array" if FLAGS.render else None, frame_size=agent_lib.frame_size_of(FLAGS))
     frames = []
     if FLAGS.render:
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
@@ -369,7 +370,7 @@ def run_test():
         return sample(o, f, s)
 
     start = time.time()
-    returns, lengths = actor_lib.play_episodes(
+    returns, lengths = evaluator.play_episodes(
         policy, agent, env, FLAGS.test_num_episodes, seed=FLAGS.seed + 12345,
         on_episode=lambda rs, ls: log("[test] episode %d/%d: return %.1f, length %d"
                                       % (len(rs), FLAGS.test_num_episodes, rs[-1], ls[-1])))
@@ -410,8 +411,8 @@ def main(argv):
         if FLAGS.job_name == "actor":
             return run_actor()
         if FLAGS.job_name == "evaluator":
-            from impala import actor as actor_lib
-            return actor_lib.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(), log=log)
+            from impala import evaluator
+            return evaluator.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(), log=log)
         return run_learner()
     except (UsageError, FileNotFoundError) as e:
         print("experiment.py: error: %s" % e, file=sys.stderr, flush=True)

@@ -59,13 +59,13 @@ def resolve_backend(backend, level_name):
     return backend
 
 
-def make_batch(backend, level_name, num_envs, seed, training=True, screen_size=envs.SCREEN_SIZE, threads=1,
+def make_batch(backend, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE, threads=1,
                max_episode_frames=None):
     """The batch of num_envs envs; env i is seeded with seed + i. max_episode_frames: Atari's
     time limit in emulator frames (None: ALE's 108,000)."""
     if resolve_backend(backend, level_name) == "native":
-        return NativeAtariBatch(level_name, num_envs, seed, training, screen_size, threads, max_episode_frames)
-    return PythonBatch(level_name, num_envs, seed, training, screen_size, max_episode_frames)
+        return NativeAtariBatch(level_name, num_envs, seed, training, frame_size, threads, max_episode_frames)
+    return PythonBatch(level_name, num_envs, seed, training, frame_size, max_episode_frames)
 
 
 def _empty_result(n):
@@ -76,10 +76,10 @@ def _empty_result(n):
 class PythonBatch:
     """E envs of envs.make_env, stepped one after the other in this thread."""
 
-    def __init__(self, level_name, num_envs, seed, training=True, screen_size=envs.SCREEN_SIZE,
+    def __init__(self, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE,
                  max_episode_frames=None):
         self.num_envs = num_envs
-        self.envs = [envs.make_env(level_name, seed=seed + i, training=training, screen_size=screen_size,
+        self.envs = [envs.make_env(level_name, seed=seed + i, training=training, frame_size=frame_size,
                                    max_episode_frames=max_episode_frames) for i in range(num_envs)]
         self._seed = seed
         self._actions = None
@@ -114,13 +114,13 @@ class PythonBatch:
             env.close()
 
 
-def ale_vector_env(level_name, num_envs, threads, screen_size=envs.SCREEN_SIZE, max_episode_frames=None,
+def ale_vector_env(level_name, num_envs, threads, frame_size=envs.FRAME_SIZE, max_episode_frames=None,
                    stack_num=envs.FRAME_STACK):
     """ale-py's AtariVectorEnv for a gymnasium Atari id, with the factory's preprocessing and
     same-step autoreset. Lives are followed by NativeAtariBatch: a lost life must not reset."""
     from ale_py.vector_env import AtariVectorEnv
     spec = gym.spec(level_name)
-    width, height = envs.frame_size(screen_size)
+    width, height = envs.width_height(frame_size)
     sticky = envs.V5_REPEAT_ACTION_PROBABILITY if level_name.startswith("ALE/") else 0.0
     return AtariVectorEnv(
         spec.kwargs["game"], num_envs, num_threads=threads, frameskip=envs.FRAME_SKIP, stack_num=stack_num,
@@ -134,10 +134,10 @@ def ale_vector_env(level_name, num_envs, threads, screen_size=envs.SCREEN_SIZE, 
 class NativeAtariBatch:
     """ale-py's AtariVectorEnv with the factory's Atari semantics (see the module docstring)."""
 
-    def __init__(self, level_name, num_envs, seed, training=True, screen_size=envs.SCREEN_SIZE, threads=1,
+    def __init__(self, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE, threads=1,
                  max_episode_frames=None):
         self.num_envs, self.training, self._seed = num_envs, training, seed
-        self.env = ale_vector_env(level_name, num_envs, threads, screen_size, max_episode_frames, stack_num=1)
+        self.env = ale_vector_env(level_name, num_envs, threads, frame_size, max_episode_frames, stack_num=1)
         self._lives = np.zeros(num_envs, np.int32)
         self._return = np.zeros(num_envs, np.float64)
         self._length = np.zeros(num_envs, np.int32)

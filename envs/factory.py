@@ -41,7 +41,7 @@ ATARI_PATTERNS = ("*NoFrameskip-v4", "ALE/*-v5")
 VECTOR_ENTRY_POINTS = ("gymnasium.envs.classic_control.", "gymnasium.envs.mujoco.")
 NOOP_MAX = 30
 FRAME_SKIP = 4
-SCREEN_SIZE = 84
+FRAME_SIZE = 84
 FRAME_STACK = 4
 V5_REPEAT_ACTION_PROBABILITY = 0.25
 
@@ -229,7 +229,7 @@ def merge_frames(frames, out):
 # The factory.
 
 
-def _make_atari(env_id, training, render_mode=None, screen_size=SCREEN_SIZE, max_episode_frames=None):
+def _make_atari(env_id, training, render_mode=None, frame_size=FRAME_SIZE, max_episode_frames=None):
     kwargs = {"frameskip": 1, "render_mode": render_mode}  # AtariPreprocessing does the frame skip
     if max_episode_frames is not None:
         kwargs["max_num_frames_per_episode"] = max_episode_frames
@@ -237,7 +237,7 @@ def _make_atari(env_id, training, render_mode=None, screen_size=SCREEN_SIZE, max
         kwargs["repeat_action_probability"] = V5_REPEAT_ACTION_PROBABILITY
     env = gym.make(env_id, **kwargs)
     env = gym.wrappers.AtariPreprocessing(
-        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=screen_size,
+        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=frame_size,
         terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
     env = GameStats(env)
     if training:
@@ -265,7 +265,7 @@ def _make_vector(env_id, render_mode=None):
 
 
 def make_env(env_id: str, seed: int | None = None, training: bool = True,
-             render_mode: str | None = None, screen_size=SCREEN_SIZE, max_episode_frames=None) -> gym.Env:
+             render_mode: str | None = None, frame_size=FRAME_SIZE, max_episode_frames=None) -> gym.Env:
     """Returns the wrapped env for `env_id`.
 
     training: Atari only: a lost life ends the episode (the game goes on).
@@ -273,13 +273,13 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     seed: when given, the env is reset once with it and its action space is
       seeded, so later plain reset() calls follow a reproducible sequence.
     render_mode: gymnasium's, e.g. "rgb_array" (env.render() returns the frame).
-    screen_size: Atari only: frames are resized to this (an int, or (width, height));
+    frame_size: Atari only: frames are resized to this (an int, or (width, height));
       84 as in DQN and IMPALA, 42 as RLlib's and PARL's fast Pong settings use.
     max_episode_frames: Atari only: the time limit in emulator frames (ALE's default, 108,000,
       when None); the episode is then truncated.
     """
     if _kind(env_id) == "atari":
-        env = _make_atari(env_id, training, render_mode, _screen(screen_size), max_episode_frames)
+        env = _make_atari(env_id, training, render_mode, _gym_frame_size(frame_size), max_episode_frames)
     else:
         env = _make_vector(env_id, render_mode)
     if seed is not None:
@@ -288,28 +288,28 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     return env
 
 
-def frame_size(screen_size=SCREEN_SIZE):
-    """(width, height) in pixels of an int or (width, height) screen size."""
-    if isinstance(screen_size, (tuple, list)):
-        width, height = (int(v) for v in screen_size)
+def width_height(frame_size=FRAME_SIZE):
+    """(width, height) in pixels of a frame size given as an int (square) or (width, height)."""
+    if isinstance(frame_size, (tuple, list)):
+        width, height = (int(v) for v in frame_size)
         return width, height
-    return int(screen_size), int(screen_size)
+    return int(frame_size), int(frame_size)
 
 
-def _screen(screen_size):
+def _gym_frame_size(frame_size):
     """An int for square frames (gymnasium's own form), else a (width, height) tuple."""
-    width, height = frame_size(screen_size)
+    width, height = width_height(frame_size)
     return width if width == height else (width, height)
 
 
 @functools.lru_cache(maxsize=None)
-def _env_spec(env_id, screen_size):
-    return _spec_of(make_env(env_id, training=False, screen_size=screen_size), env_id)
+def _env_spec(env_id, frame_size):
+    return _spec_of(make_env(env_id, training=False, frame_size=frame_size), env_id)
 
 
-def env_spec(env_id: str, screen_size=SCREEN_SIZE) -> EnvSpec:
+def env_spec(env_id: str, frame_size=FRAME_SIZE) -> EnvSpec:
     """Observation and action facts of `env_id` (one env is made once, then cached)."""
-    return _env_spec(env_id, _screen(screen_size))
+    return _env_spec(env_id, _gym_frame_size(frame_size))
 
 
 def _spec_of(env, env_id):

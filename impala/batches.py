@@ -1,11 +1,43 @@
 """The learner's input: dequeue -> batch. Each update loop asks a batch source for its next
 batch: SyncBatches dequeues between updates, PrefetchBatches in a background thread while the
 update trains (as scalable_agent staged its batches); make_batch_source picks one by
---prefetch_batches."""
+--prefetch_batches. Batches arrive batch-major [B, T, ...] (as actors send unrolls); the update
+reads them time-major [T, B, ...] (to_time_major) and in minibatches of unrolls (minibatch)."""
 import queue
 import threading
 import time
 from typing import NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from impala import transport
+
+# The fields a gradient step reads, per step ([T(+1), B, ...] once time-major).
+STEP_FIELDS = ("observation", "first", "action", "reward", "done", "timeout_value", "behaviour_logits")
+# Fields with one value per unroll, never made time-major.
+_BATCH_MAJOR = {"actor_id", "policy_version", "actor_timing"}
+
+
+def to_time_major(batch, names):
+    """[B, T(+1), ...] -> [T(+1), B, ...] for the per-step fields; unrolls sent as newest
+    frames get their stacked "observation" back (transport.stack_frames)."""
+    out = {}
+    if "frames" in names:
+        out["observation"] = transport.stack_frames(batch["frames"], batch["stack_reset"])
+        names = [k for k in names if k not in ("frames", "stack_reset")]
+    for k in names:
+        v = batch[k]
+        time_major = v.ndim >= 2 and k not in _BATCH_MAJOR and not k.startswith("core_state")
+        out[k] = np.swapaxes(v, 0, 1) if time_major else v
+    return out
+
+
+def minibatch(batch, index):
+    """The unrolls `index` (along B) of a time-major batch: the fields a gradient step reads."""
+    mb = {k: tf.gather(batch[k], index, axis=1) for k in STEP_FIELDS + ("old_logits",) if k in batch}
+    mb.update({k: tf.gather(v, index, axis=0) for k, v in batch.items() if k.startswith("core_state")})
+    return mb
 
 
 class Ready(NamedTuple):

@@ -9,7 +9,7 @@ Variables are created on the first call (Sonnet 2 builds lazily).
 """
 import operator
 
-from nets.base import (AgentOutput, RunningNormalizer, freeze_casts, normalizers, orthogonal_init,
+from nets.base import (AgentOutput, RunningNormaliser, freeze_casts, normalisers, orthogonal_init,
                        preprocess_observation, published_variables)
 from nets.conv import SimpleConvNetAgent
 from nets.mlp import MLPAgent, MLPLSTMAgent
@@ -41,10 +41,10 @@ def make_agent(agent_name, num_actions, obs_shape=None):
             f"{agent_name} needs a positive integer number of discrete actions, "
             f"got num_actions={num_actions!r} (is the env's action space continuous?)")
     if agent_name == "SimpleConvNetAgent" and obs_shape is not None and len(obs_shape) == 3:
-        return SimpleConvNetAgent(count, frame_hw=tuple(obs_shape[:2]))
+        return SimpleConvNetAgent(count, frame_size=(obs_shape[1], obs_shape[0]))  # (width, height)
     return _AGENTS[agent_name](count)
 
 
-__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "make_agent", "RunningNormalizer", "normalizers",
+__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "make_agent", "RunningNormaliser", "normalisers",
            "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
            "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]

@@ -10,7 +10,7 @@ An agent maps observations to an `AgentOutput`:
 LSTM agents reset their state to the initial state before they read obs[t].
 uint8 observations (Atari frames) are scaled to [0, 1] floats here, then, with
 --normalize_observations, standardised by the running statistics of a
-`RunningNormalizer` (agent.obs_normalizer); with --normalize_returns the
+`RunningNormaliser` (agent.obs_normaliser); with --normalize_returns the
 baseline head is trained on standardised returns and reported in return units.
 """
 from typing import NamedTuple
@@ -37,7 +37,7 @@ def preprocess_observation(obs, dtype=tf.float32):
     return tf.cast(obs, tf.float32)
 
 
-class RunningNormalizer(snt.Module):
+class RunningNormaliser(snt.Module):
     """Running per-element mean and variance, as Sample Factory's RunningMeanStd (both kinds
     are on in its Atari settings):
 
@@ -46,7 +46,7 @@ class RunningNormalizer(snt.Module):
       one pixel, large values.
     - returns (--normalize_returns, shape ()): the baseline head learns the value targets
       standardised by their running statistics; the agent reports its baseline in return
-      units (`denormalize`), so V-trace, the actors' time-limit bootstrap and the logs see
+      units (`denormalise`), so V-trace, the actors' time-limit bootstrap and the logs see
       real values.
 
     The learner updates the statistics once per batch (`update`); they travel to the actors
@@ -69,7 +69,7 @@ class RunningNormalizer(snt.Module):
     def __call__(self, x):  # float32 [..., *shape]
         return tf.clip_by_value((x - self.mean) / self.std(), -self.CLIP, self.CLIP)
 
-    def denormalize(self, y):
+    def denormalise(self, y):
         return y * self.std() + self.mean
 
     def update(self, x, average=None):
@@ -89,15 +89,15 @@ class RunningNormalizer(snt.Module):
         self.count.assign(total)
 
 
-def normalizers(agent):
+def normalisers(agent):
     """The agent's running normalisers that exist: observations, then returns."""
-    return [n for n in (agent.obs_normalizer, agent.return_normalizer) if n is not None]
+    return [n for n in (agent.obs_normaliser, agent.return_normaliser) if n is not None]
 
 
 def published_variables(agent):
     """What the learner sends the actors: the trainable variables, then the statistics of
     the normalisers (--normalize_observations, --normalize_returns)."""
-    return list(agent.trainable_variables) + [v for n in normalizers(agent) for v in (n.mean, n.var)]
+    return list(agent.trainable_variables) + [v for n in normalisers(agent) for v in (n.mean, n.var)]
 
 
 def run_torso(torso, x, dtype, frame_scale=1.0):
@@ -190,8 +190,8 @@ class AgentBase(snt.Module):
     normalisers, all set by actor.build_agent after construction."""
 
     compute_dtype = tf.float32  # of the torso; see run_torso
-    obs_normalizer = None  # RunningNormalizer of the observations (--normalize_observations)
-    return_normalizer = None  # RunningNormalizer of the value targets (--normalize_returns)
+    obs_normaliser = None  # RunningNormaliser of the observations (--normalize_observations)
+    return_normaliser = None  # RunningNormaliser of the value targets (--normalize_returns)
 
     def _preprocess(self, obs):
         """(the torso's input, its frame_scale for run_torso). uint8 frames go as they are
@@ -199,16 +199,16 @@ class AgentBase(snt.Module):
         layer: one element-wise pass fewer over the largest tensor, 10 % of an actor's
         inference. With the observation normaliser: the normalised frames, scale 1."""
         obs = tf.convert_to_tensor(obs)
-        if self.obs_normalizer is not None:
-            return self.obs_normalizer(preprocess_observation(obs, tf.float32)), 1.0  # run_torso casts it
+        if self.obs_normaliser is not None:
+            return self.obs_normaliser(preprocess_observation(obs, tf.float32)), 1.0  # run_torso casts it
         if obs.dtype == tf.uint8:
             return tf.cast(obs, self.compute_dtype), FRAME_SCALE
         return preprocess_observation(obs), 1.0
 
     def _in_return_units(self, out):
-        if self.return_normalizer is None:
+        if self.return_normaliser is None:
             return out
-        return out._replace(baseline=self.return_normalizer.denormalize(out.baseline))
+        return out._replace(baseline=self.return_normaliser.denormalise(out.baseline))
 
 
 class FeedForwardAgent(AgentBase):

@@ -18,9 +18,10 @@ SMALL_FRAME = 64  # below this height or width, the first conv is 4x4 stride 2
 
 class SimpleConvTorso(snt.Module):
 
-    def __init__(self, frame_hw=(84, 84), name="simple_conv_torso"):
+    def __init__(self, frame_size=(84, 84), name="simple_conv_torso"):
+        """frame_size: (width, height) of the frames; small frames get a smaller first conv."""
         super().__init__(name=name)
-        small = min(frame_hw) < SMALL_FRAME
+        small = min(frame_size) < SMALL_FRAME
         self._conv0 = snt.Conv2D(16, kernel_shape=4 if small else 8, stride=2 if small else 4,
                                  padding="VALID")
         self._conv1 = snt.Conv2D(32, kernel_shape=4, stride=2, padding="VALID")
@@ -48,5 +49,5 @@ def folded_conv(conv, x, scale):
 
 class SimpleConvNetAgent(FeedForwardAgent):
 
-    def __init__(self, num_actions, frame_hw=(84, 84), name="simple_conv_net_agent"):
-        super().__init__(lambda: SimpleConvTorso(frame_hw), num_actions, name=name)
+    def __init__(self, num_actions, frame_size=(84, 84), name="simple_conv_net_agent"):
+        super().__init__(lambda: SimpleConvTorso(frame_size), num_actions, name=name)

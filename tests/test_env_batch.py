@@ -21,7 +21,7 @@ def run_steps(batch, n, actions_fn, obs):
 def test_both_backends_give_the_shapes_and_dtypes_the_nets_take(size):
     spec = envs.env_spec("PongNoFrameskip-v4", size)
     for backend in BACKENDS:
-        batch = env_batch.make_batch(backend, "PongNoFrameskip-v4", 3, seed=5, screen_size=size)
+        batch = env_batch.make_batch(backend, "PongNoFrameskip-v4", 3, seed=5, frame_size=size)
         try:
             obs = np.zeros((3,) + spec.obs_shape, spec.obs_dtype)
             batch.reset(obs)
@@ -203,15 +203,17 @@ def test_actor_unrolls_keep_each_env_on_its_own_row(backend, groups):
     import types
     import tensorflow as tf
     from impala import actor
+    from impala import agent as agent_lib
+    from impala.timings import Timings
     E, T = 4, 12
     flags = types.SimpleNamespace(envs_per_actor=E, env_groups=groups, env_backend=backend, env_threads=1,
                                   level_name="PongNoFrameskip-v4", seed=3, width=42, height=42)
-    agent, spec, env_spec = actor.build_agent(flags.level_name, "SimpleConvNetAgent", T, (42, 42))
+    agent, spec, env_spec = agent_lib.build_agent(flags.level_name, "SimpleConvNetAgent", T, (42, 42))
     step = tf.function(lambda o, f, s: agent(o, f, s))
     groups_made = actor.make_groups(flags, 0, agent, env_spec)
     assert len(groups_made) == groups
     buf = {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}
-    timing = np.zeros(3)
+    timing = Timings(*actor.PHASES)
     last = None
     for _ in range(2):
         actor.fill_unroll(groups_made, buf, step, T, timing)
@@ -224,7 +226,7 @@ def test_actor_unrolls_keep_each_env_on_its_own_row(backend, groups):
                     np.testing.assert_array_equal(obs[i, t + 1][..., :3], obs[i, t][..., 1:])
         assert set(np.unique(buf["action"])) <= set(range(6))
         last = obs[:, T].copy()
-    assert timing[0] > 0 and timing[1] > 0
+    assert timing["env"] > 0 and timing["inference"] > 0
     for g in groups_made:
         g.batch.close()
 
@@ -236,11 +238,13 @@ def test_newest_frames_rebuild_the_stacks_also_where_games_restart():
     at every position of an unroll, and their black frames reach into the next unroll)."""
     import tensorflow as tf
     from impala import actor
-    import nets
+    from impala import agent as agent_lib
     from impala import transport
+    from impala.timings import Timings
+    import nets
     E, T, level = 4, 7, "PongNoFrameskip-v4"
-    agent, stacks_spec, env_spec = actor.build_agent(level, "SimpleConvNetAgent", T, (42, 42))
-    _, frames_spec, _ = actor.build_agent(level, "SimpleConvNetAgent", T, (42, 42), newest_frames=True)
+    agent, stacks_spec, env_spec = agent_lib.build_agent(level, "SimpleConvNetAgent", T, (42, 42))
+    _, frames_spec, _ = agent_lib.build_agent(level, "SimpleConvNetAgent", T, (42, 42), newest_frames=True)
     assert "frames" in frames_spec.names and "observation" not in frames_spec.names
 
     def fixed_policy(o, f, s):  # the same actions in both copies: env i presses i % 6
@@ -248,14 +252,14 @@ def test_newest_frames_rebuild_the_stacks_also_where_games_restart():
         return nets.AgentOutput(tf.constant(np.arange(n) % 6, tf.int32), tf.zeros([n, 6]), tf.zeros([n])), s
 
     def groups():
-        batch = env_batch.make_batch("native", level, E, seed=11, screen_size=(42, 42), max_episode_frames=400)
+        batch = env_batch.make_batch("native", level, E, seed=11, frame_size=(42, 42), max_episode_frames=400)
         return [actor.EnvGroup(batch, slice(0, E), env_spec.obs_shape, env_spec.obs_dtype, ())]
 
     runs = []
     for spec in (stacks_spec, frames_spec):
         gs, buf, got = groups(), {f.name: np.zeros((E,) + f.shape, f.dtype) for f in spec.fields}, []
         for _ in range(16):
-            actor.fill_unroll(gs, buf, fixed_policy, T, np.zeros(3))
+            actor.fill_unroll(gs, buf, fixed_policy, T, Timings(*actor.PHASES))
             got.append({k: v.copy() for k, v in buf.items()})
         gs[0].batch.close()
         runs.append(got)

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from impala import agent as agent_lib
 from impala import learner
+from impala import loss as loss_lib
+from impala import training
 import nets
 from impala import transport
 from tests.test_experiment import _free_base_port
@@ -80,7 +83,7 @@ def test_clip_param_on_policy_equals_the_impala_policy_gradient():
     results = []
     for clip in (0.0, 0.2):
         with tf.GradientTape() as tape:
-            loss, _ = learner.compute_losses(_out(logits, baseline), batch, _flags(clip_param=clip))
+            loss, _ = loss_lib.compute_losses(_out(logits, baseline), batch, _flags(clip_param=clip))
         results.append(tape.gradient(loss, logits).numpy())
     assert np.abs(results[0]).sum() > 0.1
     np.testing.assert_allclose(results[0], results[1], rtol=1e-4, atol=1e-6)
@@ -98,11 +101,11 @@ def test_clip_param_stops_the_gradient_past_the_clip():
     logits = tf.Variable(tf.concat([l0, tf.zeros([1, B, A])], axis=0))
     flags = _flags(clip_param=0.2, entropy_cost=0.0, baseline_cost=0.0)
     with tf.GradientTape() as tape:
-        loss, _ = learner.compute_losses(_out(logits, baseline), batch, flags)
+        loss, _ = loss_lib.compute_losses(_out(logits, baseline), batch, flags)
     np.testing.assert_allclose(tape.gradient(loss, logits).numpy(), 0.0, atol=1e-7)
     # Without the clip both steps push the policy.
     with tf.GradientTape() as tape:
-        loss, _ = learner.compute_losses(_out(logits, baseline), batch, _flags(
+        loss, _ = loss_lib.compute_losses(_out(logits, baseline), batch, _flags(
             entropy_cost=0.0, baseline_cost=0.0, clip_param=0.0))
     assert np.abs(tape.gradient(loss, logits).numpy()).sum() > 0.1
 
@@ -120,7 +123,7 @@ def test_clip_ratio_to_batch_start_keeps_a_stale_batch_learning():
     logits = tf.Variable(tf.concat([l0, tf.zeros([1, B, A])], axis=0))
     flags = _flags(clip_param=0.2, entropy_cost=0.0, baseline_cost=0.0, clip_ratio_to="batch_start")
     with tf.GradientTape() as tape:
-        loss, _ = learner.compute_losses(_out(logits, baseline), dict(batch, old_logits=tf.constant(l0)), flags)
+        loss, _ = loss_lib.compute_losses(_out(logits, baseline), dict(batch, old_logits=tf.constant(l0)), flags)
     grad = tape.gradient(loss, logits).numpy()[0]
     # d(-ratio * adv)/d logits at ratio 1 = -adv * (onehot(a) - pi); adv = (+1, -0.4).
     pi = np.exp(l0[0])
@@ -143,7 +146,7 @@ def test_clip_ratio_to_batch_start_in_a_learner_step(tmp_path):
         if not weights:
             weights.append(lrn.flat_weights())
         else:
-            learner.actor_lib.make_weight_setter(lrn.variables)(tf.constant(weights[0]))
+            agent_lib.make_weight_setter(lrn.variables)(tf.constant(weights[0]))
         out, _ = lrn.agent.unroll(tf.constant(obs), tf.zeros([T + 1, B], bool), ())
         batch = {"observation": obs, "first": np.zeros((T + 1, B), bool),
                  "action": np.ones((T, B), np.int32),
@@ -166,7 +169,7 @@ def test_normalized_advantages_do_not_depend_on_the_reward_scale():
         baseline = tf.zeros([T + 1, B])
         flags = _flags(reward_clipping="none", entropy_cost=0.0, baseline_cost=0.0, normalize_advantages=True)
         with tf.GradientTape() as tape:
-            loss, _ = learner.compute_losses(_out(logits, baseline), b, flags)
+            loss, _ = loss_lib.compute_losses(_out(logits, baseline), b, flags)
         grads.append(tape.gradient(loss, logits).numpy())
     assert np.abs(grads[0]).sum() > 0.1
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-3, atol=1e-5)
@@ -227,9 +230,9 @@ def test_value_scale_trains_the_head_on_standardised_returns():
     flags = _flags(entropy_cost=0.0, baseline_cost=0.5, reward_clipping="none")
     with tf.GradientTape() as tape:
         out = _out(logits, raw * std + mean)
-        loss, stats = learner.compute_losses(out, batch, flags, value_scale=std)
+        loss, stats = loss_lib.compute_losses(out, batch, flags, value_scale=std)
     grad = tape.gradient(loss, raw).numpy()
-    vs = learner.vtrace_targets(out, batch, flags).vs.numpy()
+    vs = loss_lib.vtrace_targets(out, batch, flags).vs.numpy()
     np.testing.assert_allclose(grad[:T], 0.5 * (raw.numpy()[:T] - (vs - mean) / std), rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(grad[T], 0.0)  # the bootstrap value is only in the targets
     np.testing.assert_allclose(float(stats["baseline_loss"]),
@@ -252,7 +255,7 @@ def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(
     full = lrn.zero_batch(B)
     full.update(observation=obs, action=rng.integers(0, 6, (T, B)).astype(np.int32),
                 behaviour_logits=rng.normal(size=(T, B, 6)).astype(np.float32))
-    norm, ret = lrn.agent.obs_normalizer, lrn.agent.return_normalizer
+    norm, ret = lrn.agent.obs_normaliser, lrn.agent.return_normaliser
     lrn._train_step({k: tf.constant(v) for k, v in full.items()}, tf.constant(80, tf.int64))
     assert int(lrn.optimizer.step.numpy()) == 4 and float(norm.count.numpy()) == 1 + T * B
     assert float(ret.count.numpy()) == 1 + T * B and float(ret.var.numpy()) != 1.0
@@ -260,11 +263,11 @@ def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(
     np.testing.assert_allclose(norm.mean.numpy(), seen.sum(0) / (1 + T * B), atol=1e-5)
     weights = lrn.flat_weights()
     assert weights.size == lrn.spec.weights_size
-    agent, _, _ = learner.actor_lib.build_agent(f.level_name, f.agent_name, T, (42, 42),
+    agent, _, _ = agent_lib.build_agent(f.level_name, f.agent_name, T, (42, 42),
                                                 normalize_observations=True, normalize_returns=True)
-    learner.actor_lib.make_weight_setter(nets.published_variables(agent))(tf.constant(weights))
-    np.testing.assert_array_equal(agent.obs_normalizer.var.numpy(), norm.var.numpy())
-    np.testing.assert_array_equal(agent.return_normalizer.mean.numpy(), ret.mean.numpy())
+    agent_lib.make_weight_setter(nets.published_variables(agent))(tf.constant(weights))
+    np.testing.assert_array_equal(agent.obs_normaliser.var.numpy(), norm.var.numpy())
+    np.testing.assert_array_equal(agent.return_normaliser.mean.numpy(), ret.mean.numpy())
     first = np.zeros(B, bool)
     mine, theirs = agent(obs[0], first, ())[0], lrn.agent(obs[0], first, ())[0]
     np.testing.assert_allclose(mine.policy_logits.numpy(), theirs.policy_logits.numpy(), atol=1e-5)
@@ -272,9 +275,9 @@ def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(
     prefix = lrn.save()
     restored = learner.Learner(f, str(tmp_path / "restored"))
     restored.restore(prefix)
-    np.testing.assert_array_equal(restored.agent.obs_normalizer.mean.numpy(), norm.mean.numpy())
-    assert float(restored.agent.obs_normalizer.count.numpy()) == 1 + T * B
-    np.testing.assert_array_equal(restored.agent.return_normalizer.var.numpy(), ret.var.numpy())
+    np.testing.assert_array_equal(restored.agent.obs_normaliser.mean.numpy(), norm.mean.numpy())
+    assert float(restored.agent.obs_normaliser.count.numpy()) == 1 + T * B
+    np.testing.assert_array_equal(restored.agent.return_normaliser.var.numpy(), ret.var.numpy())
 
 
 def test_minibatches_must_divide_the_batch():
@@ -323,7 +326,7 @@ def test_a_time_limit_bootstraps_from_the_actors_value():
              "behaviour_logits": tf.zeros([1, 2, 2])}
     out = _out(tf.zeros([2, 2, 2]), tf.zeros([2, 2]))
     flags = _flags(discounting=0.9, baseline_cost=1.0, entropy_cost=0.0, reward_clipping="abs_one")
-    _, stats = learner.compute_losses(out, batch, flags)
+    _, stats = loss_lib.compute_losses(out, batch, flags)
     # targets 1 and 1 + 0.9 * 10 (the reward is clipped, the bootstrap is not); V = 0
     assert float(stats["baseline_loss"]) == pytest.approx(0.5 * (1.0 ** 2 + 10.0 ** 2))
 
@@ -377,7 +380,7 @@ class _Feeder(threading.Thread):
 
 
 def _train_in_process(tmp_path, monkeypatch, feed=True, on_version=None, **overrides):
-    """learner.train() on a real transport server in this process, fed by a _Feeder thread.
+    """training.train() on a real transport server in this process, fed by a _Feeder thread.
     Returns (exit code, summary.json, log lines, unrolls dequeued by each thread)."""
     f = _experiment_defaults(**dict(dict(
         level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=_FPU, queue_capacity=8,
@@ -400,7 +403,7 @@ def _train_in_process(tmp_path, monkeypatch, feed=True, on_version=None, **overr
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     lines = []
     try:
-        code = learner.train(f, str(tmp_path / "run"), address, 1, log=lines.append)
+        code = training.train(f, str(tmp_path / "run"), address, 1, log=lines.append)
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)

@@ -222,10 +222,10 @@ def test_make_agent_rejects_bad_names_and_action_counts():
             nets.make_agent("MLPAgent", bad)
 
 
-def test_observation_normalizer_pools_the_moments_of_every_batch():
+def test_observation_normaliser_pools_the_moments_of_every_batch():
     """Running mean and variance over all batches seen, with its prior of one sample at
     mean 0, variance 1, as Sample Factory's RunningMeanStd (Chan's parallel formula)."""
-    norm = nets.RunningNormalizer((3,), "n")
+    norm = nets.RunningNormaliser((3,), "n")
     rng = np.random.default_rng(0)
     batches = [rng.normal(loc=[2.0, -1.0, 0.5], scale=[0.1, 3.0, 1.0], size=(5, 4, 3)).astype(np.float32)
                for _ in range(4)]
@@ -240,43 +240,43 @@ def test_observation_normalizer_pools_the_moments_of_every_batch():
     np.testing.assert_allclose(norm.var.numpy(), var, rtol=1e-4)
 
 
-def test_observation_normalizer_standardises_and_clips():
-    norm = nets.RunningNormalizer((2,), "n")
+def test_observation_normaliser_standardises_and_clips():
+    norm = nets.RunningNormaliser((2,), "n")
     norm.mean.assign([0.5, 0.0])
     norm.var.assign([0.04, 1e-4])  # the second: a nearly constant pixel
     y = norm(tf.constant([[0.7, 0.0], [0.5, 0.3]])).numpy()
     np.testing.assert_allclose(y[:, 0], [0.2 / np.sqrt(0.04 + 1e-5), 0.0], rtol=1e-5)
-    np.testing.assert_allclose(y[:, 1], [0.0, nets.RunningNormalizer.CLIP])  # 0.3 / 0.01 = 30, clipped
+    np.testing.assert_allclose(y[:, 1], [0.0, nets.RunningNormaliser.CLIP])  # 0.3 / 0.01 = 30, clipped
 
 
 def test_an_agent_normalises_its_observations_and_publishes_the_statistics():
-    """With an obs_normalizer the agent reads standardised frames; its published variables
+    """With an obs_normaliser the agent reads standardised frames; its published variables
     are the trainable ones, then the statistics (which the actors need to act alike)."""
     agent = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS, (42, 42, 4))
-    agent.obs_normalizer = nets.RunningNormalizer((42, 42, 4), "obs_normalizer")
+    agent.obs_normaliser = nets.RunningNormaliser((42, 42, 4), "obs_normaliser")
     frames = observations("SimpleConvNetAgent", (3,))[:, :42, :42]
     first = np.zeros(3, bool)
     fresh, _ = agent(frames, first, ())  # mean 0, variance 1: the frames as they were
-    agent.obs_normalizer.update(tf.constant(frames[None] / 255.0, tf.float32))
+    agent.obs_normaliser.update(tf.constant(frames[None] / 255.0, tf.float32))
     moved, _ = agent(frames, first, ())
     assert not np.allclose(fresh.policy_logits, moved.policy_logits)
     published = nets.published_variables(agent)
     assert published[:-2] == list(agent.trainable_variables)
-    assert published[-2] is agent.obs_normalizer.mean and published[-1] is agent.obs_normalizer.var
+    assert published[-2] is agent.obs_normaliser.mean and published[-1] is agent.obs_normaliser.var
     plain = nets.make_agent("SimpleConvNetAgent", NUM_ACTIONS, (42, 42, 4))
     plain(frames, first, ())
     assert nets.published_variables(plain) == list(plain.trainable_variables)
 
 
-def test_a_return_normalizer_reports_the_baseline_in_return_units():
+def test_a_return_normaliser_reports_the_baseline_in_return_units():
     agent = nets.make_agent("MLPAgent", NUM_ACTIONS)
     obs, first = observations("MLPAgent", (3,)), np.zeros(3, bool)
     raw, _ = agent(obs, first, ())
-    agent.return_normalizer = nets.RunningNormalizer((), "return_normalizer")
-    agent.return_normalizer.mean.assign(2.0)
-    agent.return_normalizer.var.assign(9.0)
+    agent.return_normaliser = nets.RunningNormaliser((), "return_normaliser")
+    agent.return_normaliser.mean.assign(2.0)
+    agent.return_normaliser.var.assign(9.0)
     out, _ = agent(obs, first, ())
     np.testing.assert_allclose(out.baseline, raw.baseline * np.sqrt(9.0 + 1e-5) + 2.0, rtol=1e-5)
     np.testing.assert_allclose(out.policy_logits, raw.policy_logits)
     published = nets.published_variables(agent)
-    assert published[-2] is agent.return_normalizer.mean and published[-1] is agent.return_normalizer.var
+    assert published[-2] is agent.return_normaliser.mean and published[-1] is agent.return_normaliser.var

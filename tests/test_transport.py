@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from impala import actor
+from impala import sender as sender_lib
 from impala import transport
 from tests.test_experiment import _free_base_port
 
@@ -38,7 +38,7 @@ def test_blocked_actors_all_deliver_each_unroll_exactly_once():
     def run_actor(actor_id):
         client = transport.ActorClient("127.0.0.1:%d" % port, spec, 4, 2)
         assert client.connect(30)
-        sender = actor.Sender(client, stop.is_set)
+        sender = sender_lib.Sender(client, stop.is_set)
         senders.append(sender)
         for seq in range(sends_per_actor):
             sender.send(_batch(spec, actor_id, seq))
@@ -87,10 +87,10 @@ class _StuckClient:
 
 
 def _blocked_sender(client, monkeypatch):
-    monkeypatch.setattr(actor.Sender, "PROBE_AFTER_S", 0.3)
-    monkeypatch.setattr(actor.Sender, "PROBE_EVERY_S", 0.1)
+    monkeypatch.setattr(sender_lib.Sender, "PROBE_AFTER_S", 0.3)
+    monkeypatch.setattr(sender_lib.Sender, "PROBE_EVERY_S", 0.1)
     stop = threading.Event()
-    sender = actor.Sender(client, stop.is_set)
+    sender = sender_lib.Sender(client, stop.is_set)
     buf = _batch(_spec(), 1, 0)
     sender.send(buf)  # taken by the thread, which blocks in enqueue
     return sender, buf, stop
@@ -104,7 +104,7 @@ def test_sender_reports_a_silent_learner_as_lost(monkeypatch):
     sender.send(buf)  # ...so this one waits, probing the learner
     assert sender.outcome == "lost"
     assert time.time() - t0 < 5
-    assert client.probes >= actor.Sender.PROBE_FAILURES
+    assert client.probes >= sender_lib.Sender.PROBE_FAILURES
     client.release.set()
     stop.set()
 
@@ -130,7 +130,7 @@ def test_sender_turns_an_unexpected_enqueue_error_into_lost():
         def alive(self):
             return True
 
-    sender = actor.Sender(Broken(), lambda: False)
+    sender = sender_lib.Sender(Broken(), lambda: False)
     sender.send(_batch(_spec(), 1, 0))
     deadline = time.time() + 5
     while sender.outcome is None and time.time() < deadline:
@@ -142,7 +142,7 @@ def test_sender_turns_an_unexpected_enqueue_error_into_lost():
 def test_atari_unrolls_arrive_bit_for_bit_and_time_major():
     """Every field of Atari-shaped unrolls (uint8 [T+1, 84, 84, 4] frames) reaches the
     learner unchanged, and the learner's time-major view pairs obs[t] with action[t]."""
-    from impala import learner as learner_lib
+    from impala.batches import to_time_major
     spec = transport.make_unroll_spec((84, 84, 4), np.uint8, 6, T, [], 10)
     port = _free_base_port()
     server = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=8, batch_size=E)
@@ -165,7 +165,7 @@ def test_atari_unrolls_arrive_bit_for_bit_and_time_major():
         assert got is not None
         for name, value in sent.items():
             np.testing.assert_array_equal(got[name], value, err_msg=name)
-        tm = learner_lib.to_time_major(got, spec.names)
+        tm = to_time_major(got, spec.names)
         assert tm["observation"].shape == (T + 1, E, 84, 84, 4)
         np.testing.assert_array_equal(tm["observation"][1, 3], sent["observation"][3, 1])
         np.testing.assert_array_equal(tm["action"][0], sent["action"][:, 0])

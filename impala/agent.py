@@ -1,0 +1,86 @@
+"""The agent every IMPALA process builds the same way (learner, actors, evaluator, test mode), the
+unroll layout it implies, and the agent's weights as one flat vector, the form in which the learner
+publishes them and actors and the evaluator read them (transport.py)."""
+import numpy as np
+import tensorflow as tf
+
+from envs import batch as env_batch
+import envs
+import nets
+from impala import transport
+
+
+def frame_size_of(flags):
+    """The Atari frame size of --width/--height, as envs takes it: (width, height)."""
+    return (flags.width, flags.height)
+
+
+def sends_frames(flags):
+    """Whether unrolls carry only each step's newest frame (--obs_transfer): by default where
+    the actors step Atari through ale-py's vector env, whose frame stacks the learner can
+    rebuild exactly (transport.stack_frames). Raises ValueError naming the flag otherwise."""
+    if flags.obs_transfer == "stacks":
+        return False
+    native = env_batch.resolve_backend(flags.env_backend, flags.level_name) == "native"
+    if flags.obs_transfer == "frames" and not native:
+        raise ValueError("--obs_transfer=frames needs the native Atari backend (its stacks start as black "
+                         "frames, which the learner rebuilds); --level_name=%s --env_backend=%s steps the "
+                         "Python backend: use --obs_transfer=stacks or auto" % (flags.level_name, flags.env_backend))
+    return native
+
+
+def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZE, compute_dtype="float32",
+                newest_frames=False, normalize_observations=False, normalize_returns=False):
+    """The agent with its (float32) variables built, its torso then computing in
+    `compute_dtype` (--compute_dtype), its observations and value targets standardised by
+    running statistics with `normalize_observations` and `normalize_returns`, plus the
+    unroll layout both sides share (newest_frames: see transport.make_unroll_spec; the
+    weights' size counts the published statistics). Returns (agent, unroll spec, env spec)."""
+    spec = envs.env_spec(level_name, frame_size)
+    if not spec.discrete:
+        raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
+                         "need discrete actions (use ppo_main.py for continuous control)" % level_name)
+    agent = nets.make_agent(agent_name, spec.num_actions, spec.obs_shape)
+    if normalize_observations:
+        agent.obs_normaliser = nets.RunningNormaliser(spec.obs_shape, "obs_normaliser")
+    if normalize_returns:
+        agent.return_normaliser = nets.RunningNormaliser((), "return_normaliser")
+    obs = tf.zeros((1,) + tuple(spec.obs_shape), tf.as_dtype(spec.obs_dtype))
+    state = agent.initial_state(1)
+    agent(obs, tf.ones([1], tf.bool), state)  # creates the variables
+    agent.compute_dtype = tf.as_dtype(compute_dtype)
+    core_shapes = [tuple(s.shape[1:]) for s in tf.nest.flatten(state)]
+    size = sum(int(np.prod(v.shape)) for v in nets.published_variables(agent))
+    unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, spec.num_actions,
+                                             unroll_length, core_shapes, size, newest_frames)
+    return agent, unroll_spec, spec
+
+
+def build_from_flags(flags, newest_frames=None):
+    """build_agent with the run's flags; newest_frames defaults to what the actors send."""
+    return build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size_of(flags),
+                       flags.compute_dtype, sends_frames(flags) if newest_frames is None else newest_frames,
+                       flags.normalize_observations, flags.normalize_returns)
+
+
+def make_weight_setter(variables):
+    """tf.function that splits a flat float32 vector into the variables."""
+    shapes = [v.shape for v in variables]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    @tf.function
+    def set_weights(flat):
+        parts = tf.split(flat, sizes)
+        for v, p, s in zip(variables, parts, shapes):
+            v.assign(tf.reshape(p, s))
+    return set_weights
+
+
+def flatten_weights(variables):
+    """The variables as one flat float32 vector, in published_variables' order."""
+    return tf.concat([tf.reshape(v, [-1]) for v in variables], axis=0)
+
+
+def published_weights(agent):
+    """The agent's published weights (trainable variables and normaliser statistics), flat."""
+    return flatten_weights(nets.published_variables(agent)).numpy()

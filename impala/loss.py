@@ -1,0 +1,99 @@
+"""The V-trace actor-critic loss (Espeholt et al. 2018, section 4.2), as scalable_agent writes it:
+one small function per term, each summed over time and batch, on time-major [T, B] tensors."""
+import tensorflow as tf
+
+import vtrace
+
+
+def clip_rewards(rewards, mode):
+    """--reward_clipping: abs_one clips to [-1, 1]; soft_asymmetric squashes with tanh and
+    weighs losses less; none leaves them."""
+    if mode == "abs_one":
+        return tf.clip_by_value(rewards, -1.0, 1.0)
+    if mode == "soft_asymmetric":
+        squeezed = tf.tanh(rewards / 5.0)
+        # Negative rewards count 0.3 as much: makes the agent less risk-averse.
+        return tf.where(rewards < 0, 0.3 * squeezed, squeezed) * 5.0
+    return rewards  # "none"
+
+
+def vtrace_targets(agent_out, batch, flags):
+    """V-trace's value targets vs and policy-gradient advantages for a time-major batch.
+    With --clip_ratio_to=batch_start, V-trace corrects from the actors' policy mu to the
+    learner's policy pi_old as the batch arrived (fixed for all the batch's gradient steps);
+    otherwise to the current policy pi."""
+    rewards = clip_rewards(batch["reward"], flags.reward_clipping)
+    if "timeout_value" in batch:  # bootstrap where a time limit, not the task, ended the episode
+        rewards += flags.discounting * batch["timeout_value"]
+    discounts = tf.cast(~batch["done"], tf.float32) * flags.discounting
+    anchor = batch.get("old_logits")
+    return vtrace.from_logits(
+        behaviour_policy_logits=batch["behaviour_logits"],
+        target_policy_logits=agent_out.policy_logits[:-1] if anchor is None else anchor,
+        actions=batch["action"], discounts=discounts, rewards=rewards, values=agent_out.baseline[:-1],
+        bootstrap_value=agent_out.baseline[-1], lambda_=flags.vtrace_lambda)
+
+
+def compute_baseline_loss(vs, values, value_scale=1.0):
+    """1/2 sum ((v_s - V(x_s)) / value_scale)^2: with --normalize_returns the head predicts
+    standardised returns, so its error is measured in those units."""
+    return 0.5 * tf.reduce_sum(tf.square((vs - values) / value_scale))
+
+
+def entropy(logits):
+    """H(pi) per step, [T, B]."""
+    return -tf.reduce_sum(tf.nn.softmax(logits) * tf.nn.log_softmax(logits), axis=-1)
+
+
+def compute_entropy_loss(step_entropy):
+    """-sum H(pi) over the [T, B] entropies: minimising it keeps the policy exploring."""
+    return -tf.reduce_sum(step_entropy)
+
+
+def compute_policy_gradient_loss(target_action_log_probs, advantages):
+    """IMPALA's policy gradient: -sum log pi(a_s|x_s) * rho_s (r_s + gamma v_{s+1} - V(x_s))."""
+    return tf.reduce_sum(-target_action_log_probs * advantages)
+
+
+def compute_clipped_surrogate_loss(ratio, advantages, clip):
+    """APPO (RLlib): PPO's clipped surrogate on the V-trace advantages. It bounds how far one
+    batch may move the policy when the learner reuses it (--num_sgd_iter > 1)."""
+    return -tf.reduce_sum(tf.minimum(ratio * advantages,
+                                     tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * advantages))
+
+
+def standardise(advantages):
+    """PPO's per-minibatch standardisation (--normalize_advantages): the policy-gradient scale no
+    longer depends on the reward scale, so the entropy cost means the same in every game."""
+    mean, var = tf.nn.moments(advantages, axes=[0, 1])
+    return (advantages - mean) / (tf.sqrt(var) + 1e-8)
+
+
+def policy_ratio(vt, logits, batch):
+    """r_s of the clipped surrogate: pi / mu against the behaviour policy mu, or (with
+    --clip_ratio_to=batch_start) pi / pi_old, exactly 1 at the batch's first step however far
+    the actors' policy lags behind."""
+    if batch.get("old_logits") is None:
+        return tf.exp(vt.log_rhos)
+    log_pi = vtrace.log_probs_from_logits_and_actions(logits, batch["action"])
+    return tf.exp(log_pi - vt.target_action_log_probs)
+
+
+def compute_losses(agent_out, batch, flags, value_scale=1.0):
+    """The total loss on one time-major batch and its parts: the policy term (IMPALA's, or
+    APPO's clipped surrogate with --clip_param > 0), the baseline and entropy terms weighted by
+    --baseline_cost and --entropy_cost. `value_scale`: compute_baseline_loss's."""
+    logits = agent_out.policy_logits[:-1]       # [T, B, A]
+    vt = vtrace_targets(agent_out, batch, flags)
+    advantages = standardise(vt.pg_advantages) if flags.normalize_advantages else vt.pg_advantages
+    if flags.clip_param > 0:
+        pg_loss = compute_clipped_surrogate_loss(policy_ratio(vt, logits, batch), advantages, flags.clip_param)
+    else:
+        pg_loss = compute_policy_gradient_loss(vt.target_action_log_probs, advantages)
+    baseline_loss = flags.baseline_cost * compute_baseline_loss(vt.vs, agent_out.baseline[:-1], value_scale)
+    step_entropy = entropy(logits)
+    entropy_loss = flags.entropy_cost * compute_entropy_loss(step_entropy)
+    total = pg_loss + baseline_loss + entropy_loss
+    return total, {"pg_loss": pg_loss, "baseline_loss": baseline_loss,
+                   "entropy": tf.reduce_mean(step_entropy), "total_loss": total,
+                   "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos))}

@@ -1,0 +1,175 @@
+"""One learner rank's training loop: dequeue -> batch (with replay) -> update -> publish, until the
+frame budget, a signal, silent actors or another rank stops it; then the final checkpoint, the
+bottleneck report and summary.json. The learner's state and update are learner.py; what the loop
+reports goes through the Monitor it is given (monitor.py)."""
+import hashlib
+import json
+import os
+import time
+
+import tensorflow as tf
+
+from impala import batches
+from impala import learner as learner_lib
+from impala import transport
+from impala.monitor import Monitor, Stats, bottleneck_report
+from impala.stopping import StopSignal
+
+try:  # Horovod is optional for a single learner
+    import horovod.tensorflow as hvd
+except ImportError:  # pragma: no cover - install.sh always installs it
+    hvd = None
+
+
+class Trainer:
+    """One learner rank's update loop: dequeue -> batch -> update -> publish, until the
+    frame budget, a signal, silent actors or another rank stops it."""
+
+    def __init__(self, flags, learner, tp, stop, monitor, log):
+        self.flags, self.learner, self.tp, self.stop, self.monitor, self.log = (
+            flags, learner, tp, stop, monitor, log)
+        self.rank, self.size = learner.rank, learner.size
+        self.version = int(learner.update_step.numpy())  # as published by start_learner()
+        self.timings = monitor.stats.timings
+        self.start = time.time()
+        self.start_frames = self.frames = int(learner.num_env_frames.numpy())
+        monitor.progress.begin(self.start, self.start_frames)
+        self.checkpoints = learner_lib.CheckpointTimer(learner, flags.checkpoint_every_s, self.rank, log, self.start)
+        self.step_stats = {}
+
+    def run(self):
+        """Trains until something stops it; returns (reason, exit code)."""
+        self.batches = batches.make_batch_source(self.flags, self.learner, self.tp, Stats.FIELDS)
+        try:
+            while True:
+                ready = self.wait_for_batch()
+                if self.all_ranks_stop(ready is None):
+                    return self.stop_reason()
+                self.update(ready)
+                self.publish()
+                now = time.time()
+                self.monitor.after_update(now, self.figures())
+                self.checkpoints.maybe_save(now)
+        finally:
+            self.close_batches()
+
+    def wait_for_batch(self):
+        """This rank's next batch, or None for a reason to stop; staying responsive meanwhile
+        (the time spent here is the loop's "wait")."""
+        self.frames = int(self.learner.num_env_frames.numpy())
+        ready = None
+        with self.timings.time("wait"):
+            while (ready is None and not self.stop() and self.frames < self.flags.total_environment_frames
+                   and not self.monitor.gave_up):
+                ready = self.batches.poll()
+                if ready is None:
+                    self.monitor.waiting()
+        return ready
+
+    def all_ranks_stop(self, local_stop):
+        """All ranks agree, once per update, whether to stop (a rank that looped back
+        alone would deadlock the others' gradient allreduce)."""
+        if self.size == 1:
+            return local_stop
+        return bool(hvd.allreduce(tf.constant(int(local_stop)), op=hvd.Max, name="stop_flag").numpy())
+
+    def stop_reason(self):
+        if self.stop():
+            return "stopped by signal %d" % self.stop.signum, 0
+        if self.monitor.gave_up:
+            return "no actors", 4
+        if self.frames < self.flags.total_environment_frames:
+            return "stopped because another learner rank stopped", 0
+        return "frame budget reached", 0
+
+    def update(self, ready):
+        """Statistics of the live data, the training batch (with replay), one update."""
+        with self.timings.time("learn"):
+            self.monitor.got_batch(ready.live, self.version)
+            tensors = ready.tensors
+            if tensors is None:
+                tensors = self.learner.to_tensors(self.learner.make_batch(ready.live))
+            self.batches.top_up()  # the next batch's dequeue overlaps this update
+            new_frames = tf.constant(self.size * ready.n_live * self.learner.frames_per_unroll, tf.int64)
+            self.step_stats = self.learner._train_step(tensors, new_frames)
+
+    def publish(self):
+        with self.timings.time("publish"):
+            self.version += 1
+            self.tp.publish(self.learner.flat_weights(), self.version)
+
+    def figures(self):
+        """What the progress output reports besides the live-data statistics."""
+        mixer = self.learner.mixer
+        return {"frames": int(self.learner.num_env_frames.numpy()), "updates": int(self.learner.update_step.numpy()),
+                "queue_fill": self.tp.size() / self.flags.queue_capacity, "step_stats": self.step_stats,
+                "replay_nbytes": None if mixer is None else mixer.nbytes()}
+
+    def close_batches(self):
+        dropped = self.batches.close()
+        if dropped:
+            self.log("[learner %d] %d prefetched unroll(s) were dequeued but not trained on (the "
+                     "batch in flight at the stop)" % (self.rank, dropped))
+
+
+def start_learner(flags, logdir, learner_address, num_actors, rank, size, log):
+    """The learner (restored with --mode=train_w_load, rank 0's weights on every rank) and
+    its transport server, with the initial weights published."""
+    learner = learner_lib.Learner(flags, logdir, rank, size)
+    if flags.mode == "train_w_load":
+        restored = learner.restore(flags.load_model_url)
+        log("[learner %d] resumed from %s at %d frames" % (rank, restored, int(learner.num_env_frames.numpy())))
+    learner_lib.broadcast(learner)
+    tp = transport.LearnerTransport(learner_address, learner.spec, flags.queue_capacity, flags.batch_size)
+    tp.publish(learner.flat_weights(), int(learner.update_step.numpy()))
+    threads = tf.config.threading.get_intra_op_parallelism_threads()  # 0: TensorFlow's default, all cores
+    log("[learner %d/%d] serving %s: %s, %s, batch %d x unroll %d, %d actor(s) assigned, %d new frames/update, "
+        "TensorFlow threads: %s" % (rank, size, learner_address, flags.level_name, flags.agent_name, flags.batch_size,
+                                    flags.unroll_length, num_actors, learner.live_frames_per_update, threads or "all"))
+    return learner, tp
+
+
+def finish(learner, tp, trainer, reason, exit_code, logdir, log):
+    """The final checkpoint (exit code 5 when the chief could not save it), the report
+    and summary.json; returns the exit code."""
+    rank, st = learner.rank, trainer.monitor.stats
+    path = learner_lib.save_or_report(learner, log, rank)
+    if path is None and learner.is_chief:
+        exit_code = 5
+    tp.close()
+    elapsed = time.time() - trainer.start
+    frames = int(learner.num_env_frames.numpy())
+    report = bottleneck_report(st, elapsed, frames - trainer.start_frames)
+    log("[learner %d] %s after %d frames (%.0f s); checkpoint %s" % (rank, reason, frames, elapsed, path))
+    log("[learner %d] final weights sha256 %s" % (rank, hashlib.sha256(learner.flat_weights().tobytes()).hexdigest()))
+    log(report["text"])
+    if learner.is_chief:
+        summary = {"reason": reason, "frames": frames, "elapsed_s": elapsed, "mean_return_20": st.mean_return(),
+                   "episodes": st.episodes, "checkpoint": path, "time_breakdown": report["numbers"]}
+        write_summary(learner, summary, logdir, log)
+    trainer.monitor.close()
+    # Give actors a moment to see the closed queue before the server goes away.
+    time.sleep(0.5)
+    return exit_code
+
+
+def write_summary(learner, summary, logdir, log):
+    if learner.mixer is not None:
+        summary["replay"] = learner.mixer.stats()
+        log("[learner] replay: %s" % json.dumps(summary["replay"], default=float))
+    with open(os.path.join(logdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+
+
+def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print, actor_ids=None):
+    """Serves the actors of this rank and trains until the frame budget, a signal
+    (SIGINT/SIGTERM) or silent actors stop it; returns the exit code."""
+    stop = StopSignal()
+    learner, tp = start_learner(flags, logdir, learner_address, num_actors, rank, size, log)
+    monitor = Monitor(flags, logdir, rank, num_actors, actor_ids, learner.is_chief, log)
+    t0 = time.time()
+    learner.warm_up()  # while the actors start up
+    log("[learner %d] update traced in %.1f s" % (rank, time.time() - t0))
+    trainer = Trainer(flags, learner, tp, stop, monitor, log)
+    reason, exit_code = trainer.run()
+    return finish(learner, tp, trainer, reason, exit_code, logdir, log)

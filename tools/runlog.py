@@ -1,0 +1,77 @@
+"""A run folder's rows: one CSV file and the same scalars in TensorBoard, written by every trainer
+(the IMPALA learner's metrics.csv, the evaluator's eval.csv, WALL-E's progress.csv) and read back by
+tools/plotcurve.py.
+
+TensorBoard tags are namespaced the way CleanRL's are, so the three kinds of figure sort apart:
+`charts/` (returns and episode lengths), `losses/` (what the update minimises and its diagnostics),
+`perf/` (rates, timings, fill levels). The caller names each column's tag; a column without one is
+written to the CSV only.
+"""
+import csv
+import math
+import os
+
+import numpy as np
+
+EMPTY = ""  # a cell with no value yet (no episode has ended): plots skip it
+
+
+def format_cell(x):
+    """None -> empty; NaN -> 'nan'; floats to 6 significant digits, but large ones (Unix times,
+    frame counts) to 0.1 so no digit before the point is lost; everything else as str."""
+    if x is None:
+        return EMPTY
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        if math.isnan(x):
+            return "nan"
+        return f"{x:.1f}" if abs(x) >= 1e5 else f"{x:.6g}"
+    return str(x)
+
+
+def is_missing(cell):
+    """Whether a CSV cell written by format_cell holds no number."""
+    return cell is None or cell.strip() in (EMPTY, "nan")
+
+
+class RunLog:
+    """Appends rows to `csv_path` (header written once, so a resumed run continues the same file)
+    and writes each tagged column to TensorBoard at the row's step.
+
+    `tags` maps a column (or any other key of the rows) to its TensorBoard tag; keys of a row that
+    are not CSV columns but have a tag go to TensorBoard only; None and NaN (no episode ended
+    yet) are left out of TensorBoard. `tensorboard_dir=None` skips
+    TensorBoard (for ranks that write nothing)."""
+
+    def __init__(self, csv_path, columns, tensorboard_dir, tags=None, append=True):
+        self.columns, self.tags = list(columns), dict(tags or {})
+        os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+        new_file = not append or not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
+        self.file = open(csv_path, "a" if append else "w", newline="", buffering=1)
+        self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
+        if new_file:
+            self.csv.writeheader()
+        self.writer = None
+        if tensorboard_dir is not None:
+            import tensorflow as tf  # only where TensorBoard is written: plots read CSVs without it
+            self.writer = tf.summary.create_file_writer(tensorboard_dir)
+
+    def tag(self, key, tag):
+        """Adds or changes one key's TensorBoard tag (for keys known only once training runs)."""
+        self.tags[key] = tag
+
+    def write(self, row, step):
+        self.csv.writerow({k: format_cell(row.get(k)) for k in self.columns})
+        self.file.flush()
+        if self.writer is None:
+            return
+        import tensorflow as tf
+        with self.writer.as_default(step=int(step)):
+            for key, value in row.items():
+                if key in self.tags and value is not None and not math.isnan(float(value)):
+                    tf.summary.scalar(self.tags[key], float(value))
+
+    def close(self):
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -40,7 +40,7 @@ flags.DEFINE_list("actor_hosts", [], "host:port of every actor (used to count an
 flags.DEFINE_integer("seed", 1, "Random seed.")
 
 flags.DEFINE_string("level_name", "PongNoFrameskip-v4", "Gymnasium environment id.")
-flags.DEFINE_integer("width", 84, "Atari frame width in pixels (84 as in DQN and IMPALA; 42 is 4x cheaper).")
+flags.DEFINE_integer("width", 84, "Atari frame width in pixels (84 as in DQN and IMPALA; 42 has a quarter of the pixels).")
 flags.DEFINE_integer("height", 84, "Atari frame height in pixels.")
 flags.DEFINE_integer("num_action_repeats", 0, "Frames counted per agent step; 0: 4 for Atari "
                      "(its frame skip), 1 otherwise.")
@@ -66,10 +66,9 @@ flags.DEFINE_enum("obs_transfer", "auto", ["auto", "stacks", "frames"], "What an
 flags.DEFINE_integer("actor_threads", 1, "TensorFlow threads per actor process for inference "
                      "(intra- and inter-op); 0 = TensorFlow's default (all cores).")
 flags.DEFINE_integer("learner_threads", 0, "TensorFlow threads of each learner process (intra- and inter-op); "
-                     "0 = TensorFlow's default (all cores). 1 can pay where the actors share the learner's cores "
-                     "and are the bottleneck: on 2 cores, 1.04x the frames/s over 9 paired runs, within "
-                     "their spread (bench/results/<machine>/actor_layout.md); a learner-bound run wants "
-                     "the default.")
+                     "0 = TensorFlow's default (all cores). 1 leaves cores to actors that share the learner's "
+                     "host and are the bottleneck (bench/results/2core-amd-epyc/actor_layout.md); a "
+                     "learner-bound run wants the default.")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Precision of the agent's torso "
                   "(convs and their FC) in the learner and the actors; variables, optimizer, LSTM, heads and "
                   "losses stay float32. bfloat16 pays on CPUs with AVX512_BF16 or AMX and on GPUs "
@@ -82,8 +81,8 @@ flags.DEFINE_bool("normalize_returns", False, "Train the baseline head on value 
                   "the agent reports values in return units. The statistics move once per batch and travel "
                   "with the weights.")
 flags.DEFINE_bool("onednn", True, "TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS), "
-                  "which TensorFlow turns on by itself only on CPUs with AVX-512 and the like; the Pong "
-                  "learner update ran 2.1x faster with them on a 2-core AMD EPYC (bench/kernels.py onednn).")
+                  "which TensorFlow turns on by itself only on CPUs with AVX-512 and the like; they speed up "
+                  "the conv learner on CPUs without them too (bench/results/2core-amd-epyc/onednn.md).")
 flags.DEFINE_integer("total_environment_frames", int(1e9), "Frames to train for.")
 flags.DEFINE_integer("batch_size", 32, "Unrolls per learner update (per rank).")
 flags.DEFINE_integer("unroll_length", 100, "Agent steps per unroll.")
@@ -127,12 +126,12 @@ flags.DEFINE_float("vtrace_lambda", 1.0, "lambda of the V-trace traces c_s = lam
 flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
 flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
 flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon, inside the square root as in TF1 and "
-                   "Sonnet: step = lr * g / sqrt(ms + epsilon). With Atari's gradients the default "
-                   "0.1 dominates ms and shrinks steps several-fold (1e-5 to 1e-4 keeps them whole).")
+                   "Sonnet: step = lr * g / sqrt(ms + epsilon). Where gradients are small, as Atari's are, "
+                   "0.1 dominates ms and shrinks the steps; 1e-5 to 1e-4 leaves them to ms.")
 
 flags.DEFINE_string("replay_parameters", '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
                     "JSON list of batch sources (queue = live unrolls, standard, custom) with "
-                    "capacity and sample_ratio; see replay.py. The default is no replay.")
+                    "capacity and sample_ratio; see docs/replay.md. The default is no replay.")
 flags.DEFINE_float("log_every_s", 10.0, "Seconds between progress lines and TensorBoard points.")
 flags.DEFINE_float("checkpoint_every_s", 600.0, "Seconds between checkpoints.")
 flags.DEFINE_float("actor_timeout_s", 60.0, "A learner that got nothing from its actors for this "

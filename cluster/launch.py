@@ -93,8 +93,7 @@ def pane_script(window, plan) -> str:
     ignores Ctrl-C, so the worker's last words still reach the log), its exit status noted
     in the log and in the pane's tmux option @exit_status (tmux's own pane_dead_status is
     lost after a respawn-pane). Before the pane ends, the wrapper closes tee's pipe and waits
-    for it: a pane that closed first took tee with it, and the status line with tee (the
-    end-to-end test lost an actor's line twice)."""
+    for it: a pane that closes first takes tee with it, and the status line with tee."""
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in window.env.items())
     stamp = "$(date '+%F %T')"
     return (f"exec > >(exec tee -ai {shlex.quote(window.log)}) 2>&1\n"

@@ -32,9 +32,8 @@ def make_optimizer(flags, learning_rate, variables):
     rmsprop: TF1's tf.train.RMSPropOptimizer, which the original IMPALA used:
       ms <- decay ms + (1 - decay) g^2;  step = lr g / sqrt(ms + epsilon), with ms
       starting at ONE. Sonnet 2's RMSProp starts ms at zero, so its first steps are
-      about 1/sqrt(1 - decay) = 10x lr in the sign of the gradient: on Pong that left
-      14 of the 16 first-layer filters dead after 100 updates (measured; 5 of 16 with
-      ms starting at one), so ms is set to one here.
+      about 1/sqrt(1 - decay) = 10x lr in the sign of the gradient, large enough to kill
+      first-layer filters on Pong (bench/results/pong_diagnosis.md), so ms is set to one here.
     adam: Adam (beta1 0.9, beta2 0.999, --adam_epsilon), bias-corrected, so it has no
       such start-up burst; RLlib's IMPALA/APPO default.
     """

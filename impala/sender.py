@@ -23,8 +23,7 @@ class Sender:
     An enqueue waits as long as the learner's queue stays full: a timeout would
     cancel it half-way (TF queues keep the unrolls already inserted, so a retry
     duplicates them) and, with several actors, a retry goes to the back of the
-    line -- measured: one of two Pong actors starved for minutes with a 2 s
-    timeout. Whether the learner is still there is asked separately, by a small
+    line, where a short timeout can starve one actor for minutes. Whether the learner is still there is asked separately, by a small
     read from the waiting main thread (`check_learner`)."""
 
     PROBE_AFTER_S = 10.0  # an enqueue blocked this long makes the main thread ask

@@ -16,7 +16,8 @@ import numpy as np
 import psutil
 import pytest
 
-from walle import ppo
+from walle import agent as agent_lib
+from walle import cli
 from walle import samplers
 from nets.gaussian import GaussianPolicy, ValueNet
 
@@ -38,7 +39,7 @@ def make_params(version, seed=0, logvar=-1.0):
 
 def agent_args(**overrides):
     """Parsed flags; a True value is a bare switch (--norm_reward)."""
-    parser = ppo.add_arguments(ppo.argparse.ArgumentParser(), 1000, 1)
+    parser = cli.add_arguments(cli.argparse.ArgumentParser(), 1000, 1)
     return parser.parse_args([ENV] + [f"--{k}" if v is True else f"--{k}={v}" for k, v in overrides.items()])
 
 
@@ -204,17 +205,17 @@ def test_gae_matches_direct_sum():
     rng = np.random.default_rng(1)
     rewards, values, next_values = (rng.normal(size=9).astype(np.float32) for _ in range(3))
     dones = np.array([0, 0, 1, 0, 0, 0, 1, 0, 1], np.float32)
-    adv, ret = ppo.compute_gae(rewards, values, next_values, dones, 0.9, 0.8)
+    adv, ret = agent_lib.compute_gae(rewards, values, next_values, dones, 0.9, 0.8)
     np.testing.assert_allclose(adv, direct_gae(rewards, next_values, values, dones, 0.9, 0.8), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ret, adv + values, rtol=1e-6)
     # lambda 1 with next_values[t] = values[t + 1] inside an episode: discounted reward sums
     next_values[:-1] = np.where(dones[:-1] == 1, next_values[:-1], values[1:])
-    adv1, _ = ppo.compute_gae(rewards, values, next_values, dones, 0.9, 1.0)
+    adv1, _ = agent_lib.compute_gae(rewards, values, next_values, dones, 0.9, 1.0)
     np.testing.assert_allclose(adv1[7], rewards[7] + 0.9 * rewards[8] + 0.81 * next_values[8] - values[7], rtol=1e-5)
 
 
 def test_agent_bootstraps_truncations_and_zeroes_terminations():
-    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args())
+    agent = agent_lib.PPO(OBS_DIM, ACT_DIM, agent_args())
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(6, OBS_DIM)).astype(np.float32)
     boot = rng.normal(size=(2, OBS_DIM)).astype(np.float32)
@@ -236,7 +237,7 @@ def test_agent_bootstraps_truncations_and_zeroes_terminations():
 def test_running_mean_std_matches_numpy():
     rng = np.random.default_rng(2)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (5, 100, 37)]
-    rms = ppo.RunningMeanStd(4)
+    rms = agent_lib.RunningMeanStd(4)
     for b in batches:
         rms.update(b)
     all_x = np.concatenate(batches)
@@ -253,7 +254,7 @@ def rollout(rank, rewards, terminated=(), truncated=(), cut=False):
 
 
 def test_reward_normaliser_matches_hand_computed_running_std():
-    norm = ppo.RewardNormaliser(gamma=0.5)
+    norm = agent_lib.RewardNormaliser(gamma=0.5)
     iteration1 = [rollout(0, [1, 2, 3], terminated=[1], cut=True), rollout(1, [-1, 2], cut=True)]
     iteration2 = [rollout(0, [4, 5], truncated=[1]), rollout(1, [1, 1, 1], cut=True)]
     # Discounted returns, reset after an episode's end (not at a cut), in update order (step t of each rollout):
@@ -274,7 +275,7 @@ def test_reward_normaliser_matches_hand_computed_running_std():
         np.testing.assert_allclose(g, e, rtol=1e-5)
     assert norm.returns == {0: 0.0, 1: 1.9375}
     for reward, clipped in ((3.0, 10.0), (-300.0, -10.0)):  # a first step: std ~ 0.01 * |reward|, clipped
-        assert ppo.RewardNormaliser(gamma=0.5)([rollout(0, [reward], cut=True)])[0][0] == clipped
+        assert agent_lib.RewardNormaliser(gamma=0.5)([rollout(0, [reward], cut=True)])[0][0] == clipped
 
 
 def joint_batch(agent, n=64, seed=0):
@@ -282,18 +283,18 @@ def joint_batch(agent, n=64, seed=0):
     obs = rng.normal(size=(n, OBS_DIM)).astype(np.float32)
     act = rng.normal(size=(n, ACT_DIM)).astype(np.float32)
     mean, logvar = agent.policy(obs)
-    old_logp = ppo.gaussian_log_prob(act, mean, logvar).numpy()
-    return [ppo.tf.constant(x) for x in (obs, act, rng.normal(size=n).astype(np.float32), old_logp,
+    old_logp = agent_lib.gaussian_log_prob(act, mean, logvar).numpy()
+    return [agent_lib.tf.constant(x) for x in (obs, act, rng.normal(size=n).astype(np.float32), old_logp,
                                           rng.normal(2.0, 1.0, size=n).astype(np.float32))]
 
 
 def test_joint_update_decreases_its_loss_on_a_fixed_batch():
-    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(**dict(ZOO, policy_lr=1e-3)))
+    agent = agent_lib.PPO(OBS_DIM, ACT_DIM, agent_args(**dict(ZOO, policy_lr=1e-3)))
     batch = joint_batch(agent)
     before = [v.numpy() for v in agent.policy.trainable_variables + agent.value.trainable_variables]
     loss0, value_loss0 = (float(x) for x in agent._joint_loss(*batch))
     for _ in range(30):
-        agent._joint_epoch(*batch, ppo.tf.constant(np.arange(64).reshape(1, 64)))
+        agent._joint_epoch(*batch, agent_lib.tf.constant(np.arange(64).reshape(1, 64)))
     loss1, value_loss1 = (float(x) for x in agent._joint_loss(*batch))
     assert loss1 < loss0 - 0.1 and value_loss1 < value_loss0
     after = agent.policy.trainable_variables + agent.value.trainable_variables
@@ -302,12 +303,12 @@ def test_joint_update_decreases_its_loss_on_a_fixed_batch():
 
 def test_a_joint_epoch_in_one_call_equals_its_minibatch_steps_one_by_one():
     args = agent_args(**dict(ZOO, policy_lr=1e-3))
-    one_call, by_step = ppo.PPO(OBS_DIM, ACT_DIM, args), ppo.PPO(OBS_DIM, ACT_DIM, args)
+    one_call, by_step = agent_lib.PPO(OBS_DIM, ACT_DIM, args), agent_lib.PPO(OBS_DIM, ACT_DIM, args)
     batch = joint_batch(one_call)
     minibatches = np.random.default_rng(3).permutation(64).reshape(4, 16)
-    losses = one_call._joint_epoch(*batch, ppo.tf.constant(minibatches)).numpy()
-    step = ppo.tf.function(by_step._joint_step_impl)
-    expected = [float(step(*(ppo.tf.gather(x, idx) for x in batch))[1]) for idx in minibatches]
+    losses = one_call._joint_epoch(*batch, agent_lib.tf.constant(minibatches)).numpy()
+    step = agent_lib.tf.function(by_step._joint_step_impl)
+    expected = [float(step(*(agent_lib.tf.gather(x, idx) for x in batch))[1]) for idx in minibatches]
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
     for a, b in zip(one_call.policy.trainable_variables + one_call.value.trainable_variables,
                     by_step.policy.trainable_variables + by_step.value.trainable_variables):
@@ -315,7 +316,7 @@ def test_a_joint_epoch_in_one_call_equals_its_minibatch_steps_one_by_one():
 
 
 def test_joint_loss_normalises_advantages_per_minibatch():
-    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(**ZOO))
+    agent = agent_lib.PPO(OBS_DIM, ACT_DIM, agent_args(**ZOO))
     obs, act, adv, old_logp, ret = joint_batch(agent)
     a = agent._joint_loss(obs, act, adv, old_logp, ret)
     b = agent._joint_loss(obs, act, 3.0 * adv + 5.0, old_logp, ret)
@@ -324,7 +325,7 @@ def test_joint_loss_normalises_advantages_per_minibatch():
 
 @pytest.mark.parametrize("flags", [{"loss": "kl"}, {"loss": "clip"}, ZOO], ids=["kl", "clip", "zoo"])
 def test_update_moves_policy_and_bumps_version(flags):
-    agent = ppo.PPO(OBS_DIM, ACT_DIM, agent_args(**flags))
+    agent = agent_lib.PPO(OBS_DIM, ACT_DIM, agent_args(**flags))
     s = samplers.LocalSampler(ENV, seed=0)
     try:
         params = agent.params()
@@ -421,9 +422,9 @@ def test_plot_scripts_write_png(trained_runs, tmp_path):
 
 def checked_args(argv):
     """Flags through add_arguments and check_arguments, as the mains do (SystemExit 2 on a bad one)."""
-    parser = ppo.add_arguments(ppo.argparse.ArgumentParser(), 1000, 1)
+    parser = cli.add_arguments(cli.argparse.ArgumentParser(), 1000, 1)
     args = parser.parse_args(argv)
-    ppo.check_arguments(parser, args)
+    cli.check_arguments(parser, args)
     return args
 
 
@@ -450,7 +451,7 @@ def test_defaults_keep_walle_nets_rewards_and_update():
     args = checked_args([ENV])
     assert (args.hidden, args.activation, args.log_std_init, args.norm_reward, args.obs_clip, args.value_fit,
             args.adam_eps) == ("", "tanh", None, False, 10.0, "separate", 1e-8)
-    agent = ppo.PPO(OBS_DIM, ACT_DIM, args)
+    agent = agent_lib.PPO(OBS_DIM, ACT_DIM, args)
     assert agent.reward_normaliser is None and agent.policy.log_std is None and agent.policy.widths == (30, 17, 10)
     assert agent.params()["activation"] == "tanh" and agent.params()["obs_clip"] == 10.0
     assert hasattr(agent, "value_opt") and not hasattr(agent, "joint_opt")

@@ -5,7 +5,7 @@ N sampler processes collect in parallel (-n N).
     rollouts = samplers.collect(params, total_steps=1000)   # list, one per sampler
     samplers.close()
 
-`params` is what the agent hands out each iteration (ppo.PPO.params()):
+`params` is what the agent hands out each iteration (agent.PPO.params()):
 
     {"version": int, "layers": [(W, b), ...], "logvar": [A], "activation": "tanh" | "relu",
      "obs_mean": [D], "obs_std": [D], "obs_clip": float}

@@ -1,15 +1,12 @@
-"""WALL-E's PPO: the agent side (policy/value update, GAE, observation normaliser)
-and the training loop shared by ppo_main.py (-n 1) and ppo_parallel_main.py (-n N).
+"""WALL-E's PPO agent: the policy and value update, GAE and the observation and reward
+normalisers. The training loop that drives it is training.py; its flags are cli.py.
 
-One iteration:
-  1. params = agent.params(): policy weights + observation-normaliser stats + version
-  2. rollouts = samplers.collect(params, batch_size): exactly -b env steps in all
-  3. agent.update(rollouts, params):
-       obs normalised with the stats in params (what the samplers used), clipped to +-10
-       GAE(gamma 0.995, lambda 0.98) on rewards * (1 - gamma), bootstrapping V at truncations
-       policy update: --loss kl (WALL-E; default) or --loss clip
-       value fit on this batch and the previous one (10 epochs, minibatch 256)
-       normaliser updated with this batch's raw observations -> next version
+One update, from one iteration's rollouts and the params the samplers acted with:
+  obs normalised with the stats in params (what the samplers used), clipped to +-obs_clip
+  GAE(gamma 0.995, lambda 0.98) on rewards * (1 - gamma), bootstrapping V at truncations
+  policy update: --loss kl (WALL-E; default) or --loss clip
+  value fit on this batch and the previous one (10 epochs, minibatch 256)
+  normaliser updated with this batch's raw observations -> next version
 
 --loss kl, as in the TRPO/PPO code WALL-E derives from: up to 20 full-batch
 Adam steps on
@@ -30,24 +27,15 @@ runs with these options, all off by default:
       advantages normalised per minibatch, one global-norm gradient clip;
       no separate value fit
 The observation normaliser stays per iteration (SB3 updates it at every step).
-
-Writes <logdir>/progress.csv (one row per iteration) and TensorBoard scalars.
 """
-import argparse
-import csv
-import json
 import math
-import os
-import signal
-import sys
-import time
 
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
-import envs
 from walle import samplers as samplers_lib
+from walle.config import parse_hidden
 from nets.gaussian import GaussianPolicy, ValueNet, gaussian_entropy, gaussian_kl, gaussian_log_prob
 
 KL_HINGE_COEF = 50.0  # "eta": weight of the hinge on KL above 2 * kl_targ
@@ -55,12 +43,6 @@ BETA_RANGE = (1.0 / 35.0, 35.0)
 LR_MULTIPLIER_RANGE = (0.1, 10.0)
 VALUE_MINIBATCH = 256
 REWARD_CLIP = 10.0  # --norm_reward: SB3 VecNormalize's clip_reward
-PROGRESS_FIELDS = [
-    "iteration", "steps", "time", "episodes", "return_mean", "return_last10", "episode_length",
-    "collect_time", "learn_time", "collect_share", "learn_share", "steps_per_s",
-    "kl", "entropy", "beta", "lr_multiplier", "policy_epochs", "clip_fraction",
-    "policy_loss", "value_loss", "explained_variance", "version",
-]
 
 
 # ---------------------------------------------------------------------------
@@ -153,6 +135,9 @@ def compute_gae(rewards, values, next_values, dones, gamma, lam):
 
 
 class PPO:
+    """The policy and value nets, their optimisers and the observation normaliser. `args` are the
+    parsed flags of cli.py; params() is what the samplers act with, update() learns from their
+    rollouts and moves to the next version."""
 
     def __init__(self, obs_dim, act_dim, args):
         self.args = args
@@ -389,258 +374,3 @@ class PPO:
                 idx = order[b * size:(b + 1) * size]
                 losses.append(float(self._value_step(tf.gather(x, idx), tf.gather(y, idx))))
         return float(np.mean(losses[-num_batches:]))
-
-
-# ---------------------------------------------------------------------------
-# Flags and the training loop.
-
-
-def parse_hidden(text):
-    """--hidden "256,256" -> (256, 256); "" -> None (WALL-E's widths from --hid_mult)."""
-    if not text.strip():
-        return None
-    try:
-        widths = tuple(int(w) for w in text.split(","))
-    except ValueError:
-        widths = ()
-    if not widths or min(widths) < 1:
-        raise ValueError(f"--hidden must be comma-separated positive widths such as 256,256, got {text!r}")
-    return widths
-
-
-def add_arguments(parser, default_batch_size, default_num_samplers):
-    parser.add_argument("env_name", help="gymnasium id of a continuous-action env, e.g. HalfCheetah-v5")
-    parser.add_argument("-it", "--iterations", type=int, default=1000, help="training iterations")
-    parser.add_argument("-b", "--batch_size", type=int, default=default_batch_size,
-                        help="env steps collected per iteration, over all samplers together")
-    parser.add_argument("-n", "--num_samplers", type=int, default=default_num_samplers,
-                        help="1: the agent collects itself; N >= 2: N sampler processes")
-    parser.add_argument("--max_steps", type=int, default=0, help="collect at most this many env steps in all (0: no limit)")
-    parser.add_argument("-g", "--gamma", type=float, default=0.995)
-    parser.add_argument("-l", "--lam", type=float, default=0.98, help="GAE lambda")
-    parser.add_argument("--loss", choices=("kl", "clip"), default="kl",
-                        help="kl: WALL-E's adaptive KL penalty + hinge; clip: clipped surrogate")
-    parser.add_argument("-k", "--kl_targ", type=float, default=0.003, help="KL target (--loss kl)")
-    parser.add_argument("--policy_epochs", type=int, default=20, help="full-batch steps at most (--loss kl)")
-    parser.add_argument("--clip", type=float, default=0.2, help="ratio clip epsilon (--loss clip)")
-    parser.add_argument("--clip_epochs", type=int, default=10, help="passes over the batch (--loss clip)")
-    parser.add_argument("--clip_minibatch", type=int, default=64, help="minibatch size (--loss clip)")
-    parser.add_argument("--target_kl", type=float, default=0.0, help="stop passes above this KL (--loss clip; 0: off)")
-    parser.add_argument("--ent_coef", type=float, default=0.0, help="entropy bonus (--loss clip)")
-    parser.add_argument("--max_grad_norm", type=float, default=0.5, help="gradient clipping (--loss clip)")
-    parser.add_argument("--policy_lr", type=float, default=0.0,
-                        help="0: 9e-4 / sqrt(hid2) for --loss kl, 3e-4 for --loss clip")
-    parser.add_argument("--value_lr", type=float, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
-    parser.add_argument("--value_epochs", type=int, default=10)
-    parser.add_argument("--hid_mult", type=int, default=10, help="hidden width multiplier")
-    parser.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance (WALL-E's nets)")
-    parser.add_argument("--hidden", default="", help="hidden widths of both nets, e.g. 256,256: SB3's MlpPolicy "
-                        "(torch-default init, --log_std_init); empty: WALL-E's widths from --hid_mult")
-    parser.add_argument("--activation", choices=("tanh", "relu"), default="tanh", help="hidden nonlinearity")
-    parser.add_argument("--log_std_init", type=float, default=None,
-                        help="initial policy log-std, a plain variable (--hidden only; unset: 0.0)")
-    parser.add_argument("--obs_clip", type=float, default=samplers_lib.OBS_CLIP,
-                        help="normalised observations are clipped to +-this")
-    parser.add_argument("--norm_reward", action="store_true",
-                        help="rewards / running std of the discounted return (SB3 VecNormalize), clipped to "
-                             f"+-{REWARD_CLIP:g}, instead of rewards * (1 - gamma)")
-    parser.add_argument("--value_fit", choices=("separate", "joint"), default="separate",
-                        help="separate: --value_epochs of regression after the policy update; joint (--loss clip): "
-                             "SB3's update, one Adam on policy + vf_coef * value loss, per-minibatch advantages")
-    parser.add_argument("--vf_coef", type=float, default=0.5, help="value loss weight (--value_fit joint)")
-    parser.add_argument("--adam_eps", type=float, default=1e-8, help="epsilon of every Adam (SB3 uses 1e-5)")
-    parser.add_argument("--seed", type=int, default=0, help="sampler k uses seed + k")
-    parser.add_argument("--logdir", default="", help="run folder (default results/ppo_<env>_<unix time>)")
-    parser.add_argument("--sampler_timeout", type=float, default=600.0,
-                        help="seconds without a message before a live sampler counts as stuck")
-    parser.add_argument("--quiet", action="store_true", help="no per-iteration console line")
-    parser.add_argument("--eval_episodes", type=int, default=0,
-                        help="after training, this many episodes with the policy's mean action "
-                             "(no noise), written to <logdir>/eval.json (0: none)")
-    return parser
-
-
-def check_arguments(parser, args):
-    """One clear error per bad flag (argparse exits with status 2)."""
-    positive = ["iterations", "batch_size", "num_samplers", "policy_epochs", "clip_epochs",
-                "clip_minibatch", "value_epochs", "hid_mult"]
-    for name in positive:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("gamma", "lam"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            parser.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip", "vf_coef", "adam_eps"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
-    for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr", "eval_episodes"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-    _check_net_and_update(parser, args)
-    if 0 < args.max_steps < args.batch_size:
-        parser.error(f"--max_steps ({args.max_steps}) must be 0 (no limit) or >= -b/--batch_size ({args.batch_size})")
-    if args.batch_size < args.num_samplers:
-        parser.error(f"-b/--batch_size ({args.batch_size}) must be >= -n/--num_samplers "
-                     f"({args.num_samplers}): every sampler needs at least one step")
-    try:
-        spec = envs.env_spec(args.env_name)
-    except envs.UnknownEnvError as e:
-        parser.error(str(e))
-    if spec.discrete or len(spec.obs_shape) != 1:
-        parser.error(f"env {args.env_name!r} has {'discrete actions' if spec.discrete else 'image observations'}; "
-                     f"this PPO needs vector observations and continuous actions (e.g. HalfCheetah-v5, Pendulum-v1)")
-    return spec
-
-
-def _check_net_and_update(parser, args):
-    """The flags that only work together: --hidden with --log_std_init, --value_fit joint with --loss clip."""
-    try:
-        hidden = parse_hidden(args.hidden)
-    except ValueError as e:
-        parser.error(str(e))
-    if hidden is None and args.log_std_init is not None:
-        parser.error("--log_std_init needs --hidden (WALL-E's nets take --init_logvar)")
-    if args.value_fit == "joint" and args.loss != "clip":
-        parser.error(f"--value_fit joint needs --loss clip, got --loss {args.loss}")
-    if args.value_fit == "joint" and args.clip_minibatch < 2:
-        parser.error(f"--value_fit joint normalises advantages per minibatch: --clip_minibatch must be >= 2, "
-                     f"got {args.clip_minibatch}")
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _fmt(x):
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else (
-        f"{x:.6g}" if isinstance(x, float) else str(x))
-
-
-def write_eval(args, params, steps, logdir):
-    """--eval_episodes: the final policy's deterministic returns -> <logdir>/eval.json."""
-    t0 = time.time()
-    returns = samplers_lib.evaluate(args.env_name, params, args.eval_episodes, seed=args.seed + 10_000)
-    result = {"steps": steps, "episodes": len(returns), "return_mean": float(np.mean(returns)),
-              "return_std": float(np.std(returns)), "returns": returns, "seconds": time.time() - t0}
-    with open(os.path.join(logdir, "eval.json"), "w") as f:
-        json.dump(result, f)
-    print(f"eval after {steps} steps: mean return {result['return_mean']:.1f} over {len(returns)} "
-          f"episodes (policy mean, no noise)", flush=True)
-
-
-class ProgressLog:
-    """One row per iteration to <logdir>/progress.csv, TensorBoard and (unless --quiet) the console."""
-
-    def __init__(self, logdir, quiet):
-        self.quiet = quiet
-        self.writer = tf.summary.create_file_writer(logdir)
-        self.file = open(os.path.join(logdir, "progress.csv"), "w", newline="")
-        self.csv = csv.DictWriter(self.file, PROGRESS_FIELDS)
-        self.csv.writeheader()
-
-    def write(self, row):
-        self.csv.writerow({k: _fmt(row[k]) for k in PROGRESS_FIELDS})
-        self.file.flush()
-        with self.writer.as_default(step=row["steps"]):
-            for k in PROGRESS_FIELDS:
-                if k not in ("iteration", "steps") and row[k] is not None:
-                    tf.summary.scalar(k, row[k])
-        if not self.quiet:
-            ret = (f"{row['return_mean']:9.1f} ({row['episodes']} ep)" if row["episodes"] else f"{'-':>9} (0 ep)")
-            print(f"it {row['iteration']:5d} | steps {row['steps']:9d} | return {ret} | last10 "
-                  f"{_fmt(row['return_last10']) or '-':>8} | collect {row['collect_time']:6.2f}s "
-                  f"({100 * row['collect_share']:3.0f}%) | learn {row['learn_time']:6.2f}s | kl {row['kl']:.4f} "
-                  f"| ent {row['entropy']:6.2f} | beta {row['beta']:.3g}", flush=True)
-
-    def close(self):
-        self.file.close()
-        self.writer.close()
-
-
-def iteration_row(stats, rollouts, params, collect_time, learn_time, **counters):
-    """The progress row of one iteration: the update's stats, the episodes that ended, timings;
-    counters: iteration, steps, time, return_last10."""
-    returns = [x for r in rollouts for x in r["episode_returns"]]
-    lengths = [x for r in rollouts for x in r["episode_lengths"]]
-    collected = sum(len(r["reward"]) for r in rollouts)
-    return dict(stats, **counters, episodes=len(returns), version=params["version"],
-                return_mean=float(np.mean(returns)) if returns else None,
-                episode_length=float(np.mean(lengths)) if lengths else None,
-                collect_time=collect_time, learn_time=learn_time,
-                collect_share=collect_time / (collect_time + learn_time),
-                learn_share=learn_time / (collect_time + learn_time),
-                steps_per_s=collected / (collect_time + learn_time))
-
-
-def run_iterations(args, agent, samplers, log):
-    """Collect -> update -> log until --iterations or the --max_steps budget; returns the steps."""
-    steps, recent, t_start = 0, [], time.time()
-    for iteration in range(1, args.iterations + 1):
-        params = agent.params()
-        t0 = time.perf_counter()
-        rollouts = samplers.collect(params, args.batch_size)
-        t1 = time.perf_counter()
-        stats = agent.update(rollouts, params)
-        learn_time = time.perf_counter() - t1
-        recent = (recent + [x for r in rollouts for x in r["episode_returns"]])[-10:]
-        steps += sum(len(r["reward"]) for r in rollouts)
-        log.write(iteration_row(stats, rollouts, params, t1 - t0, learn_time, iteration=iteration, steps=steps,
-                                time=time.time() - t_start,
-                                return_last10=float(np.mean(recent)) if recent else None))
-        if args.max_steps and steps + args.batch_size > args.max_steps:
-            break  # the next iteration would go past the step budget
-    return steps
-
-
-def train(args, spec):
-    """Runs the training loop; returns the process exit status (0 ok, 1 sampler failure, 130 interrupted)."""
-    logdir = args.logdir or os.path.join(
-        "results", f"ppo_{args.env_name.replace('/', '_')}_{int(time.time())}")
-    os.makedirs(logdir, exist_ok=True)
-    with open(os.path.join(logdir, "flags.txt"), "w") as f:
-        f.write("\n".join(f"{k}={v}" for k, v in sorted(vars(args).items())) + "\n")
-    old_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # kill <pid> stops as cleanly as Ctrl-C
-    # A process started in the background of a non-interactive shell inherits SIGINT as
-    # ignored, and Python then installs no KeyboardInterrupt handler: make kill -INT work.
-    old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
-    agent = PPO(spec.obs_shape[0], spec.action_dim, args)
-    log = ProgressLog(logdir, args.quiet)
-    samplers, status = None, 0
-    try:
-        samplers = samplers_lib.make_samplers(args.env_name, args.num_samplers, args.seed, args.sampler_timeout)
-        if any(info and info["tensorflow_imported"] for info in getattr(samplers, "info", [])):
-            print("warning: TensorFlow got imported in the sampler processes (a module-level import in "
-                  "the main script?); they work, but start slower and use more memory", file=sys.stderr)
-        print(f"PPO ({args.loss}) on {args.env_name}: {args.num_samplers} sampler(s), {args.batch_size} "
-              f"steps/iteration, policy {agent.policy.widths}, value {agent.value.widths}, logdir {logdir}",
-              flush=True)
-        steps = run_iterations(args, agent, samplers, log)
-        if args.eval_episodes:
-            write_eval(args, agent.params(), steps, logdir)
-    except KeyboardInterrupt:
-        print("interrupted: stopping the samplers", file=sys.stderr, flush=True)
-        status = 130
-    except samplers_lib.SamplerError as e:
-        print(f"error: {e}\nstopping the run", file=sys.stderr, flush=True)
-        status = 1
-    finally:
-        if samplers is not None:
-            samplers.close()
-        log.close()
-        signal.signal(signal.SIGTERM, old_sigterm)
-        signal.signal(signal.SIGINT, old_sigint)
-    return status
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the script's docstring as written and shows each flag's default."""
-
-
-def main(argv, description, default_batch_size, default_num_samplers, allow_num_samplers=True):
-    parser = argparse.ArgumentParser(description=description, formatter_class=_HelpFormatter)
-    add_arguments(parser, default_batch_size, default_num_samplers)
-    args = parser.parse_args(argv)
-    if not allow_num_samplers and args.num_samplers != 1:
-        parser.error("ppo_main.py runs one process (-n 1); use ppo_parallel_main.py for -n N")
-    spec = check_arguments(parser, args)
-    return train(args, spec)

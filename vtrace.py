@@ -102,25 +102,11 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
     Returns VTraceReturns(vs, pg_advantages), both [T, B], gradient-free.
     """
     with tf.name_scope(name):
-        log_rhos = tf.convert_to_tensor(log_rhos, dtype=tf.float32)
-        discounts = tf.convert_to_tensor(discounts, dtype=tf.float32)
-        rewards = tf.convert_to_tensor(rewards, dtype=tf.float32)
-        values = tf.convert_to_tensor(values, dtype=tf.float32)
-        bootstrap_value = tf.convert_to_tensor(bootstrap_value, dtype=tf.float32)
-        for label, tensor in (("discounts", discounts), ("rewards", rewards),
-                              ("values", values)):
-            if tensor.shape.rank != log_rhos.shape.rank:
-                raise ValueError(f"{label} has rank {tensor.shape.rank}, log_rhos has rank "
-                                 f"{log_rhos.shape.rank}; all must be [T, B]")
-        if bootstrap_value.shape.rank != log_rhos.shape.rank - 1:
-            raise ValueError(f"bootstrap_value must have rank {log_rhos.shape.rank - 1} "
-                             f"([B]), got shape {bootstrap_value.shape}")
-        for label, threshold in (("clip_rho_threshold", clip_rho_threshold),
-                                 ("clip_pg_rho_threshold", clip_pg_rho_threshold)):
-            if threshold is not None and not threshold > 0:
-                raise ValueError(f"{label} must be > 0 or None, got {threshold}")
-        if not 0 < lambda_ <= 1:
-            raise ValueError(f"lambda_ must be in (0, 1], got {lambda_}")
+        log_rhos, discounts, rewards, values, bootstrap_value = (
+            tf.convert_to_tensor(t, dtype=tf.float32)
+            for t in (log_rhos, discounts, rewards, values, bootstrap_value))
+        _check_arguments(log_rhos, discounts, rewards, values, bootstrap_value,
+                         clip_rho_threshold, clip_pg_rho_threshold, lambda_)
 
         rhos = tf.exp(log_rhos)
         if clip_rho_threshold is not None:
@@ -154,3 +140,21 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
 
         return VTraceReturns(vs=tf.stop_gradient(vs),
                              pg_advantages=tf.stop_gradient(pg_advantages))
+
+
+def _check_arguments(log_rhos, discounts, rewards, values, bootstrap_value,
+                     clip_rho_threshold, clip_pg_rho_threshold, lambda_):
+    """Ranks ([T, B] and [B]) and the thresholds' ranges, with a message naming the argument."""
+    for label, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+        if tensor.shape.rank != log_rhos.shape.rank:
+            raise ValueError(f"{label} has rank {tensor.shape.rank}, log_rhos has rank "
+                             f"{log_rhos.shape.rank}; all must be [T, B]")
+    if bootstrap_value.shape.rank != log_rhos.shape.rank - 1:
+        raise ValueError(f"bootstrap_value must have rank {log_rhos.shape.rank - 1} "
+                         f"([B]), got shape {bootstrap_value.shape}")
+    for label, threshold in (("clip_rho_threshold", clip_rho_threshold),
+                             ("clip_pg_rho_threshold", clip_pg_rho_threshold)):
+        if threshold is not None and not threshold > 0:
+            raise ValueError(f"{label} must be > 0 or None, got {threshold}")
+    if not 0 < lambda_ <= 1:
+        raise ValueError(f"lambda_ must be in (0, 1], got {lambda_}")

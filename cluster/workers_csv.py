@@ -126,32 +126,59 @@ def load(path, local=None) -> Cluster:
     "remote" workers through a real sshd on this machine.
     """
     local = local_addresses() if local is None else {a.lower() for a in local}
+    rows = _read_rows(path)
+    errors = _Problems(path)
+    header = _check_header(path, rows[0], errors)
+    workers, jobs_named = _parse_rows(path, header, rows[1:], local, errors)
+    _check_whole_file(path, workers, jobs_named, errors)
+    errors.raise_if_any()
+    learners = [dataclasses.replace(w, index=r) for r, w in enumerate(x for x in workers if x.job == "learner")]
+    actors = [dataclasses.replace(w, index=i) for i, w in enumerate(x for x in workers if x.job == "actor")]
+    return Cluster(path=path, learners=learners, actors=actors, warnings=_password_warnings(path, workers))
+
+
+class _Problems:
+    """Every problem found, each a (line number, message); file-level problems get line 0 and go last."""
+
+    def __init__(self, path):
+        self.path, self.errors = path, []
+
+    def __call__(self, lineno, msg):
+        self.errors.append((lineno, f"{self.path}:{lineno}: {msg}"))
+
+    def whole_file(self, msg):
+        self.errors.append((0, f"{self.path}: {msg}"))
+
+    def raise_if_any(self):
+        if self.errors:
+            raise WorkersCsvError(_report(self.path, self.errors))
+
+
+def _read_rows(path):
+    """[(line number, [cells])] of the non-blank, non-comment lines; at least the header."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:  # -sig drops a BOM
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise WorkersCsvError(f"{path}: cannot read the workers CSV: {e}") from None
-
-    errors = []  # (line number, message); file-level problems get line 0 and go last
-
-    def err(lineno, msg):
-        errors.append((lineno, f"{path}:{lineno}: {msg}"))
-
-    rows = []  # (line number, [cells])
+    rows = []
     # Only CR/LF end lines (str.splitlines() would also split at \x1c-\x1e, \x85, \u2028,
     # and the line numbers in the errors would not match the user's editor).
     for lineno, raw in enumerate(re.split(r"\r\n|\n|\r", text), start=1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         rows.append((lineno, [c.strip() for c in next(csv.reader([raw]))]))
-    header_line = ", ".join(REQUIRED_COLUMNS)
     if not rows:
-        raise WorkersCsvError(f"{path}: no header line; the first line must be: {header_line}"
+        raise WorkersCsvError(f"{path}: no header line; the first line must be: {', '.join(REQUIRED_COLUMNS)}"
                               f" (optionally followed by ,ssh_key_file), then one row per worker")
+    return rows
 
-    # ---- the header ---------------------------------------------------------
-    lineno, header = rows[0]
+
+def _check_header(path, first_row, errors):
+    """The header's column names (lower-case); a header the rows cannot be read by raises at once."""
+    lineno, header = first_row
     header = [h.lower() for h in header]
+    header_line = ", ".join(REQUIRED_COLUMNS)
     if header and header[0] in JOBS:
         raise WorkersCsvError(f"{path}:{lineno}: this is a data row, but the first line must be the "
                               f"header: {header_line} (optionally followed by ,ssh_key_file)")
@@ -159,59 +186,60 @@ def load(path, local=None) -> Cluster:
     for h in header:
         if h not in known:
             hint = " (columns are separated by commas, not tabs)" if "\t" in h else ""
-            err(lineno, f"unknown header column {h!r}{hint}; valid columns: {', '.join(known)}")
+            errors(lineno, f"unknown header column {h!r}{hint}; valid columns: {', '.join(known)}")
     dups = sorted({h for h in header if header.count(h) > 1})
     if dups:
-        err(lineno, f"header column(s) {', '.join(dups)} appear more than once")
+        errors(lineno, f"header column(s) {', '.join(dups)} appear more than once")
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
-        err(lineno, f"header lacks column(s) {', '.join(missing)}; the header must be: {header_line}")
-        raise WorkersCsvError(_report(path, errors))
+        errors(lineno, f"header lacks column(s) {', '.join(missing)}; the header must be: {header_line}")
+        errors.raise_if_any()
+    return header
 
-    # ---- each row -----------------------------------------------------------
-    workers = []
-    jobs_named = set()  # jobs of the rows, even of rows with other problems
-    for lineno, cells in rows[1:]:
+
+def _parse_rows(path, header, rows, local, errors):
+    """The workers of the rows that parse, and the jobs every row names (even rows with problems)."""
+    workers, jobs_named = [], set()
+    for lineno, cells in rows:
         if len(cells) != len(header):
             joined = ",".join(cells)
             hint = ""
             if len(cells) == 1 and ("\t" in joined or ";" in joined):
                 hint = "; separate the columns with commas"
-            err(lineno, f"{len(cells)} column(s), but the header has {len(header)} "
-                        f"({','.join(header)}){hint}")
+            errors(lineno, f"{len(cells)} column(s), but the header has {len(header)} "
+                           f"({','.join(header)}){hint}")
             continue
         row = dict(zip(header, cells))
         jobs_named.add(row["job"].lower())
-        w = _parse_row(row, lineno, os.path.dirname(os.path.abspath(path)), local, err)
+        w = _parse_row(row, lineno, os.path.dirname(os.path.abspath(path)), local, errors)
         if w is not None:
             workers.append(w)
+    return workers, jobs_named
 
-    # ---- the file as a whole ------------------------------------------------
+
+def _check_whole_file(path, workers, jobs_named, errors):
+    """One address per worker; at least one learner and one actor."""
     seen = {}
     for w in workers:
         key = (_canonical_host(w.ip), w.tf_port)
         if key in seen:
-            err(w.line, f"address {w.address} is already used on line {seen[key]}; "
-                        f"give each worker its own ip:tf_port")
+            errors(w.line, f"address {w.address} is already used on line {seen[key]}; "
+                           f"give each worker its own ip:tf_port")
         else:
             seen[key] = w.line
     if "learner" not in jobs_named:
-        errors.append((0, f"{path}: no learner row; add one, e.g. learner,127.0.0.1,8001,,,,"))
+        errors.whole_file("no learner row; add one, e.g. learner,127.0.0.1,8001,,,,")
     if "actor" not in jobs_named:
-        errors.append((0, f"{path}: no actor row; add at least one, e.g. actor,127.0.0.1,8002,,,,"))
-    if errors:
-        raise WorkersCsvError(_report(path, errors))
+        errors.whole_file("no actor row; add at least one, e.g. actor,127.0.0.1,8002,,,,")
 
-    learners = [dataclasses.replace(w, index=r) for r, w in enumerate(x for x in workers if x.job == "learner")]
-    actors = [dataclasses.replace(w, index=i) for i, w in enumerate(x for x in workers if x.job == "actor")]
-    warnings = []
+
+def _password_warnings(path, workers):
     pw_lines = [str(w.line) for w in workers if w.ssh_password]
-    if pw_lines:
-        warnings.append(
-            f"{path}: ssh_password is set on line(s) {', '.join(pw_lines)}. Passwords in files leak "
+    if not pw_lines:
+        return []
+    return [f"{path}: ssh_password is set on line(s) {', '.join(pw_lines)}. Passwords in files leak "
             f"easily; prefer SSH keys (the ssh_key_file column, ssh-agent, or ~/.ssh/id_*) and leave "
-            f"ssh_password empty. Passwords are never printed (shown as ***).")
-    return Cluster(path=path, learners=learners, actors=actors, warnings=warnings)
+            f"ssh_password empty. Passwords are never printed (shown as ***)."]
 
 
 def _report(path, errors) -> str:

@@ -1,21 +1,22 @@
 """Experience replay for the IMPALA learner: mixes live unrolls with replayed ones.
 
 Configured by `--replay_parameters`, a JSON list with one entry per source, as in
-the PyTorch V-trace platform with replay (seed 004). Every entry has "type",
+the PyTorch V-trace platform with replay (a distributed IMPALA in PyTorch that mixes live
+unrolls with experience, attentive and elite replay; "the platform" below). Every entry has "type",
 "capacity" (in unrolls, the "items" here) and "sample_ratio" (the share of each
 training batch the source supplies; the ratios sum to 1):
 
   queue     Live unrolls straight from the actors: the on-policy part of the
             batch. FIFO; at most `capacity` live unrolls that did not fit into
             a batch are carried over to the next one, older leftovers are
-            dropped (they are still in the replay buffers). Seed 004 uses
+            dropped (they are still in the replay buffers). The platform uses
             capacity 1; a large capacity only makes the "live" data stale.
             `[{"type": "queue", "capacity": 1, "sample_ratio": 1}]` = no replay.
   standard  Classic experience replay (Lin 1992; Mnih et al. 2015): uniform
             sampling, the oldest unroll is replaced when full (FIFO).
-  custom    A replay with a prioritised strategy (seed 004):
+  custom    A replay with a prioritised strategy (the platform's):
             sample_strategy "elite_sampling" -- Elite experience replay
-              (seed 004). Each unroll keeps the behaviour policy's
+              (the platform's). Each unroll keeps the behaviour policy's
               state-feature vectors (its `behaviour_logits` [T, A]). Draw
               lambda_batch_multiplier x n random candidates, recompute their
               features under the *current* policy (`features_fn`), measure how
@@ -32,10 +33,10 @@ training batch the source supplies; the ratios sum to 1):
               a candidate's current-policy features and the mean
               current-policy feature vector of the live batch, so the stored
               unrolls most similar to the states the agent visits now win.
-              (Seed 004 compares with the last state of the newest unroll;
+              (The platform compares with the last state of the newest unroll;
               the mean over the live batch is less noisy.)
             sample_strategy "uniform" (default) -- as standard.
-            insert_strategy "elite_insertion" (seed 004): when full, draw
+            insert_strategy "elite_insertion" (the platform's): when full, draw
               max(elite_batch_size, k) stored unrolls for the k new ones and
               overwrite the k most off-policy of them; default "fifo".
 
@@ -46,14 +47,14 @@ logits, y = behaviour logits or the attentive reference):
   kl_div    KL(softmax(y_t) || softmax(x_t)), the expected log-ratio of
             behaviour over current policy under the data's own distribution.
 
-`alfa_annealing_factor` keeps seed 004's meaning: it anneals the candidate
+`alfa_annealing_factor` keeps the platform's meaning: it anneals the candidate
 multiplier, lambda_u = max(1, lambda - u * (lambda - 1) / (alfa * total_updates))
 after u sample calls, so with alfa = 1 the pool shrinks to plain uniform
 sampling by the end of training and with alfa = 2 to half-way. Without
 `total_updates` (ReplayMixer argument) lambda stays constant.
 
 Optional `"compress": true` (standard/custom) stores observations lz4
-compressed (seed 004's replay compression); `nbytes()` reports the payload
+compressed (as the platform's replay compression does); `nbytes()` reports the payload
 bytes actually held (arrays and compressed blocks, not Python object headers).
 
 Use from the learner (single thread; not thread-safe):
@@ -168,93 +169,118 @@ def _json_type(v):
 
 
 def _parse_entry(i, entry):
-    where = "--replay_parameters entry %d" % i
+    """One entry of the list -> ReplaySpec, or a ReplayConfigError naming the entry and the key."""
+    fields = _Entry(i, entry)
+    typ = fields.type()
+    spec = {"type": typ, "capacity": fields.integer("capacity", None, 1),
+            "sample_ratio": fields.number("sample_ratio", None, lambda r: 0.0 < r <= 1.0, "in (0, 1]")}
+    if "compress" in entry:
+        spec["compress"] = fields.boolean("compress")
+    if typ == "custom":
+        spec.update(_custom_fields(fields))
+    return ReplaySpec(**spec)
 
-    def fail(key, what):
-        return ReplayConfigError('%s: "%s" %s' % (where, key, what))
 
-    if not isinstance(entry, dict):
-        raise ReplayConfigError('%s must be a JSON object like {"type": "standard", "capacity": 1000, '
-                                '"sample_ratio": 0.5}, got a %s' % (where, _json_type(entry)))
-    if "type" not in entry:
-        raise fail("type", "is missing; choose one of %s" % _choices(TYPES))
-    typ = entry["type"]
-    if typ not in TYPES:
-        raise fail("type", "is %s; choose one of %s" % (json.dumps(typ), _choices(TYPES)))
-    where += " (%s)" % typ
-    for key in entry:
-        if key not in _KEYS[typ]:
-            close = difflib.get_close_matches(str(key), _KEYS[typ], n=1)
-            hint = ' (did you mean "%s"?)' % close[0] if close else ""
-            raise fail(key, "is not a known key for type %s%s; its keys are %s"
-                       % (typ, hint, _choices(_KEYS[typ])))
-    for key in ("capacity", "sample_ratio"):
-        if key not in entry:
-            raise fail(key, "is missing; every entry needs \"capacity\" (unrolls held, an integer >= 1) "
-                            "and \"sample_ratio\" (its share of each batch, in (0, 1])")
+class _Entry:
+    """Typed reads of one --replay_parameters entry, each failing with a message that names the
+    entry, its type and the key, and says what would be right."""
 
-    def integer(key, default, minimum):
-        v = entry.get(key, default)
+    def __init__(self, i, entry):
+        self.where, self.entry = "--replay_parameters entry %d" % i, entry
+        if not isinstance(entry, dict):
+            raise ReplayConfigError('%s must be a JSON object like {"type": "standard", "capacity": 1000, '
+                                    '"sample_ratio": 0.5}, got a %s' % (self.where, _json_type(entry)))
+
+    def fail(self, key, what):
+        return ReplayConfigError('%s: "%s" %s' % (self.where, key, what))
+
+    def type(self):
+        """The entry's type, after checking that every key belongs to it and the common keys are there."""
+        if "type" not in self.entry:
+            raise self.fail("type", "is missing; choose one of %s" % _choices(TYPES))
+        typ = self.entry["type"]
+        if typ not in TYPES:
+            raise self.fail("type", "is %s; choose one of %s" % (json.dumps(typ), _choices(TYPES)))
+        self.where += " (%s)" % typ
+        for key in self.entry:
+            if key not in _KEYS[typ]:
+                close = difflib.get_close_matches(str(key), _KEYS[typ], n=1)
+                hint = ' (did you mean "%s"?)' % close[0] if close else ""
+                raise self.fail(key, "is not a known key for type %s%s; its keys are %s"
+                                % (typ, hint, _choices(_KEYS[typ])))
+        for key in ("capacity", "sample_ratio"):
+            if key not in self.entry:
+                raise self.fail(key, "is missing; every entry needs \"capacity\" (unrolls held, an integer "
+                                     ">= 1) and \"sample_ratio\" (its share of each batch, in (0, 1])")
+        return typ
+
+    def integer(self, key, default, minimum):
+        v = self.entry.get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
-            raise fail(key, "must be an integer >= %d, got %s (%s)" % (minimum, json.dumps(v), _json_type(v)))
+            raise self.fail(key, "must be an integer >= %d, got %s (%s)" % (minimum, json.dumps(v), _json_type(v)))
         if v < minimum:
-            raise fail(key, "must be an integer >= %d, got %s" % (minimum, json.dumps(v)))
+            raise self.fail(key, "must be an integer >= %d, got %s" % (minimum, json.dumps(v)))
         return int(v)
 
-    def number(key, default, ok, what):
-        v = entry.get(key, default)
+    def number(self, key, default, ok, what):
+        v = self.entry.get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise fail(key, "must be a number %s, got %s (%s)" % (what, json.dumps(v), _json_type(v)))
+            raise self.fail(key, "must be a number %s, got %s (%s)" % (what, json.dumps(v), _json_type(v)))
         if not ok(float(v)):
-            raise fail(key, "must be a number %s, got %s" % (what, json.dumps(v)))
+            raise self.fail(key, "must be a number %s, got %s" % (what, json.dumps(v)))
         return float(v)
 
-    def choice(key, default, choices):
-        v = entry.get(key, default)
+    def choice(self, key, default, choices):
+        v = self.entry.get(key, default)
         if v not in choices:
-            raise fail(key, "is %s; choose one of %s" % (json.dumps(v), _choices(choices)))
+            raise self.fail(key, "is %s; choose one of %s" % (json.dumps(v), _choices(choices)))
         return v
 
-    fields = {"type": typ,
-              "capacity": integer("capacity", None, 1),
-              "sample_ratio": number("sample_ratio", None, lambda r: 0.0 < r <= 1.0, "in (0, 1]")}
-    if "compress" in entry:
-        if not isinstance(entry["compress"], bool):
-            raise fail("compress", "must be true or false, got %s" % json.dumps(entry["compress"]))
-        fields["compress"] = entry["compress"]
-    if typ != "custom":
-        return ReplaySpec(**fields)
+    def boolean(self, key):
+        v = self.entry[key]
+        if not isinstance(v, bool):
+            raise self.fail(key, "must be true or false, got %s" % json.dumps(v))
+        return v
 
-    sample = choice("sample_strategy", "uniform", SAMPLE_STRATEGIES)
-    insert = choice("insert_strategy", "fifo", INSERT_STRATEGIES)
-    dist = choice("dist_function", "ln_norm", DIST_FUNCTIONS)
+
+def _custom_fields(fields):
+    """The strategy keys of a custom entry: each only where its strategy uses it."""
+    entry = fields.entry
+    sample = fields.choice("sample_strategy", "uniform", SAMPLE_STRATEGIES)
+    insert = fields.choice("insert_strategy", "fifo", INSERT_STRATEGIES)
+    dist = fields.choice("dist_function", "ln_norm", DIST_FUNCTIONS)
     prioritised = sample != "uniform"
     for key in ("lambda_batch_multiplier", "alfa_annealing_factor", "elite_sampling_strategy"):
         if key in entry and not prioritised:
-            raise fail(key, 'only applies with "sample_strategy": "elite_sampling" or "attentive_sampling" '
-                            '(this entry samples uniformly)')
+            raise fields.fail(key, 'only applies with "sample_strategy": "elite_sampling" or "attentive_sampling" '
+                                   '(this entry samples uniformly)')
     if "elite_batch_size" in entry and insert != "elite_insertion":
-        raise fail("elite_batch_size", 'only applies with "insert_strategy": "elite_insertion"')
+        raise fields.fail("elite_batch_size", 'only applies with "insert_strategy": "elite_insertion"')
     if "dist_function" in entry and not prioritised and insert != "elite_insertion":
-        raise fail("dist_function", 'only applies with a prioritised "sample_strategy" or '
-                                    '"insert_strategy": "elite_insertion"')
+        raise fields.fail("dist_function", 'only applies with a prioritised "sample_strategy" or '
+                                           '"insert_strategy": "elite_insertion"')
     if "p" in entry and dist != "ln_norm":
-        raise fail("p", 'is the order of "dist_function": "ln_norm"; this entry uses "%s"' % dist)
-    strategy = entry.get("elite_sampling_strategy", 3 if sample == "elite_sampling" else 1)
+        raise fields.fail("p", 'is the order of "dist_function": "ln_norm"; this entry uses "%s"' % dist)
+    strategy = _elite_strategy(fields, sample)
+    return dict(
+        sample_strategy=sample, insert_strategy=insert, dist_function=dist,
+        p=fields.number("p", 2.0, lambda v: 1.0 <= v < math.inf, ">= 1"),
+        lambda_batch_multiplier=fields.number("lambda_batch_multiplier", 1.0, lambda v: 1.0 <= v <= 1000.0,
+                                              "in [1, 1000] (candidates drawn per sampled unroll)"),
+        alfa_annealing_factor=fields.number("alfa_annealing_factor", 1.0, lambda v: 0.0 < v < math.inf, "> 0"),
+        elite_sampling_strategy=strategy,
+        elite_batch_size=fields.integer("elite_batch_size", 20, 1))
+
+
+def _elite_strategy(fields, sample):
+    """1-4, also written "strategy1" .. "strategy4"; 3 by default for elite sampling."""
+    strategy = fields.entry.get("elite_sampling_strategy", 3 if sample == "elite_sampling" else 1)
     if isinstance(strategy, str) and strategy.lower() in ("strategy1", "strategy2", "strategy3", "strategy4"):
         strategy = int(strategy[-1])
     if isinstance(strategy, bool) or strategy not in ELITE_STRATEGIES:
-        raise fail("elite_sampling_strategy", "is %s; choose 1, 2, 3 or 4 (or \"strategy1\" .. \"strategy4\")"
-                   % json.dumps(strategy))
-    fields.update(
-        sample_strategy=sample, insert_strategy=insert, dist_function=dist,
-        p=number("p", 2.0, lambda v: 1.0 <= v < math.inf, ">= 1"),
-        lambda_batch_multiplier=number("lambda_batch_multiplier", 1.0, lambda v: 1.0 <= v <= 1000.0,
-                                       "in [1, 1000] (candidates drawn per sampled unroll)"),
-        alfa_annealing_factor=number("alfa_annealing_factor", 1.0, lambda v: 0.0 < v < math.inf, "> 0"),
-        elite_sampling_strategy=int(strategy),
-        elite_batch_size=integer("elite_batch_size", 20, 1))
-    return ReplaySpec(**fields)
+        raise fields.fail("elite_sampling_strategy", "is %s; choose 1, 2, 3 or 4 (or \"strategy1\" .. "
+                          "\"strategy4\")" % json.dumps(strategy))
+    return int(strategy)
 
 
 def _choices(names):
@@ -357,7 +383,7 @@ def distances(current, reference, dist_function, p=2.0):
 
 
 def pick(dist, counts, n, strategy):
-    """Positions of the n candidates chosen by elite strategy 1-4 (seed 004), distinct.
+    """Positions of the n candidates chosen by elite strategy 1-4 (the platform's), distinct.
 
     dist, counts: per candidate (len k >= n). Ties go to the earlier candidate.
     """
@@ -495,7 +521,7 @@ class _Buffer:
                 else:
                     cur, _ = self._features(cand_items, features_fn, why, "sample")
                     ref = reference(features_fn)
-                    if ref is None:  # no live batch: the newest stored unroll, as seed 004
+                    if ref is None:  # no live batch: the newest stored unroll, as the platform does
                         ref_cur, _ = self._features([self.item(self.newest)], features_fn, why, "sample")
                         ref = ref_cur.mean(axis=(0, 1))
                     d = distances(cur, ref[None, None, :], s.dist_function, s.p)

@@ -60,7 +60,7 @@ def test_parsed_values_and_defaults():
             c.elite_sampling_strategy, c.p, c.compress) == ("elite_sampling", "ln_norm", 6.0, 2.0, 1, 2.0, False)
     (e,) = R.parse_replay_parameters('[{"type": "custom", "capacity": 9, "sample_ratio": 1, '
                                      '"sample_strategy": "elite_sampling"}]')
-    assert e.elite_sampling_strategy == 3  # seed 004's default
+    assert e.elite_sampling_strategy == 3  # the platform's default
     (a,) = R.parse_replay_parameters('[{"type": "custom", "capacity": 9, "sample_ratio": 1, '
                                      '"sample_strategy": "attentive_sampling", "elite_sampling_strategy": 2}]')
     assert a.elite_sampling_strategy == 2
@@ -299,7 +299,7 @@ def test_attentive_picks_stored_states_closest_to_live_ones():
     assert sorted(ids(m.sample(live, feat))) == [4, 5, 6]
     live = [item(100 + 9), item(100 + 11)]  # mean feature 10u
     assert sorted(ids(m.sample(live, feat))) == [9, 10, 11]
-    m.add([item(102)])  # replaces the oldest (id 2); no live batch: compare with the newest, as seed 004
+    m.add([item(102)])  # replaces the oldest (id 2); no live batch: compare with the newest, as the platform does
     assert sorted(ids(m.sample([], feat))) == [1, 3, 102]
 
 

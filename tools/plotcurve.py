@@ -1,11 +1,23 @@
-"""Learning curve from one or several PPO runs: mean over runs, min-max band.
+"""Learning curves from any run folder: mean over runs, min-max band.
 
     python tools/plotcurve.py -x steps -i results/ppo_HalfCheetah-v5_1700000000 -o fig.png
-    python tools/plotcurve.py -x time -i 'results/ppo_HalfCheetah-v5_*' -y return_last10 -o fig.png
+    python tools/plotcurve.py -x time -i 'results/PongNoFrameskip-v4_*' -o pong.png
+    python tools/plotcurve.py --source eval -x time -i results/CartPole-v1_1700000000 -o eval.png
 
--i takes run folders (each with a progress.csv, as ppo.py writes), folders of
-run folders, or glob patterns of either. Rows where y is empty (an iteration
-in which no episode finished) are skipped. With several runs, each curve is
+-i takes run folders, folders of run folders, glob patterns of either, or CSV files. A run
+folder is read by the file it holds (--source auto): WALL-E's progress.csv, else the IMPALA
+learner's metrics.csv; --source eval reads the IMPALA evaluator's eval.csv instead. -x and -y
+take a column of that file or a name that means the same thing in every kind of file:
+
+    name     progress.csv (PPO)   metrics.csv (IMPALA)   eval.csv (IMPALA evaluator)
+    steps    steps                frames                 - (no frame count: use time)
+    frames   steps                frames                 -
+    time     time                 time_s                 time, from its first row
+    return   return_mean          mean_return_20         mean_return
+
+IMPALA counts env frames after action repeats (4 per agent step on Atari); PPO counts env steps.
+time is wall-clock seconds since the run (or, for eval.csv, its first evaluation) started.
+Empty and 'nan' cells (no episode had ended) are skipped. With several runs, each curve is
 interpolated onto a common x grid over the range all runs cover.
 """
 import argparse
@@ -20,44 +32,80 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-DEFAULT_Y = "return_mean"
+from tools.runlog import is_missing  # noqa: E402
+
+DEFAULT_Y = "return"
 GRID_POINTS = 200
+FILES = {"progress": "progress.csv", "metrics": "metrics.csv", "eval": "eval.csv"}
+# generic name -> column, per kind of file (None: the file has no such figure)
+ALIASES = {
+    "progress": {"steps": "steps", "frames": "steps", "time": "time", "return": "return_mean"},
+    "metrics": {"steps": "frames", "frames": "frames", "time": "time_s", "return": "mean_return_20"},
+    "eval": {"steps": None, "frames": None, "time": "time", "return": "mean_return"},
+}
+RELATIVE_TIME = {"eval"}  # kinds whose time column is a Unix time: plotted from the first row
 
 
 class PlotError(ValueError):
     """Bad input: a missing run folder, an unknown column."""
 
 
-def find_runs(patterns):
-    """progress.csv paths for run folders / folders of runs / glob patterns."""
+def kind_of(path):
+    """progress / metrics / eval, from the CSV file's name (any other CSV is read as progress)."""
+    name = os.path.basename(path)
+    return next((k for k, f in FILES.items() if f == name), "progress")
+
+
+def _run_file(folder, source):
+    """The CSV a run folder is read by, or None when it holds none of the kind asked for."""
+    names = [FILES[source]] if source != "auto" else [FILES["progress"], FILES["metrics"]]
+    return next((os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))), None)
+
+
+def find_runs(patterns, source="auto"):
+    """CSV paths for run folders / folders of runs / glob patterns / CSV files."""
     paths = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) or [pattern]
-        for m in matches:
+        for m in sorted(glob.glob(pattern)) or [pattern]:
             if os.path.isfile(m) and m.endswith(".csv"):
                 paths.append(m)
-            elif os.path.isfile(os.path.join(m, "progress.csv")):
-                paths.append(os.path.join(m, "progress.csv"))
+            elif _run_file(m, source):
+                paths.append(_run_file(m, source))
             elif os.path.isdir(m):
-                paths += sorted(glob.glob(os.path.join(m, "*", "progress.csv")))
+                paths += [f for f in (_run_file(d, source) for d in sorted(glob.glob(os.path.join(m, "*")))) if f]
     if not paths:
-        raise PlotError(f"no progress.csv found under {' '.join(patterns)!r} (give run folders, "
-                        f"folders of runs, or glob patterns)")
+        wanted = FILES[source] if source != "auto" else "progress.csv or metrics.csv"
+        raise PlotError(f"no {wanted} found under {' '.join(patterns)!r} (give run folders, "
+                        f"folders of runs, glob patterns or CSV files)")
     return sorted(set(paths))
 
 
+def column(path, kind, name, flag, columns):
+    """The column `name` (a generic name or a raw column) stands for in this file."""
+    if name in ALIASES[kind]:
+        resolved = ALIASES[kind][name]
+        if resolved is None:
+            raise PlotError(f"{path}: {kind}.csv has no {name!r} ({flag}); use one of: "
+                            f"{', '.join(n for n, c in ALIASES[kind].items() if c)}, or a column: {', '.join(columns)}")
+        name = resolved
+    if name not in columns:
+        raise PlotError(f"{path}: no column {name!r} (from {flag}); columns are: {', '.join(columns)}")
+    return name
+
+
 def load_curve(path, x_name, y_name, smooth=1):
-    """(x, y) float arrays from one progress.csv, rows with an empty x or y dropped."""
+    """(x, y) float arrays from one run's CSV, rows with a missing x or y dropped."""
+    kind = kind_of(path)
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         columns = reader.fieldnames or []
-        for name, flag in ((x_name, "-x"), (y_name, "-y")):
-            if name not in columns:
-                raise PlotError(f"{path}: no column {name!r} (from {flag}); columns are: {', '.join(columns)}")
-        rows = [(r[x_name], r[y_name]) for r in reader if r[x_name] != "" and r[y_name] != ""]
+        x_col, y_col = column(path, kind, x_name, "-x", columns), column(path, kind, y_name, "-y", columns)
+        rows = [(r[x_col], r[y_col]) for r in reader if not is_missing(r[x_col]) and not is_missing(r[y_col])]
     if not rows:
-        raise PlotError(f"{path}: no rows with both {x_name!r} and {y_name!r} set")
+        raise PlotError(f"{path}: no rows with both {x_col!r} and {y_col!r} set")
     x, y = np.array(rows, np.float64).T
+    if kind in RELATIVE_TIME and x_col == "time":
+        x = x - x[0]
     if smooth > 1 and len(y) >= smooth:  # trailing moving average
         y = np.convolve(y, np.ones(smooth) / smooth, mode="valid")
         x = x[smooth - 1:]
@@ -87,9 +135,11 @@ def plot_runs(ax, paths, x_name, y_name, label, color=None, smooth=1):
 
 
 def add_common_arguments(parser):
-    parser.add_argument("-x", "--x", default="steps", help="x column: steps, iteration, time, ...")
-    parser.add_argument("-y", "--y", default=DEFAULT_Y, help=f"y column (default {DEFAULT_Y})")
-    parser.add_argument("-i", "--input", nargs="+", required=True, help="run folders / globs")
+    parser.add_argument("-x", "--x", default="steps", help="x: steps, frames, time, or a column of the file")
+    parser.add_argument("-y", "--y", default=DEFAULT_Y, help=f"y: return, or a column (default {DEFAULT_Y})")
+    parser.add_argument("-i", "--input", nargs="+", required=True, help="run folders / globs / CSV files")
+    parser.add_argument("--source", choices=("auto",) + tuple(FILES), default="auto",
+                        help="which file of a run folder: auto (progress.csv, else metrics.csv), or one kind")
     parser.add_argument("-o", "--output", default="fig.png", help="PNG file to write")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window over rows")
     parser.add_argument("--title", default="")
@@ -118,7 +168,7 @@ def main(argv=None):
     if args.smooth < 1:
         parser.error(f"--smooth must be >= 1, got {args.smooth}")
     try:
-        paths = find_runs(args.input)
+        paths = find_runs(args.input, args.source)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         label = args.label or os.path.basename(os.path.dirname(os.path.abspath(paths[0])))
         plot_runs(ax, paths, args.x, args.y, label, smooth=args.smooth)

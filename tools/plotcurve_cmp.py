@@ -1,9 +1,10 @@
-"""Two sets of PPO runs on one figure: -i (e.g. N samplers) over -b (the baseline,
-e.g. one process). Each set: mean over its runs, min-max band.
+"""Two sets of runs on one figure: -i (e.g. N samplers) over -b (the baseline, e.g. one
+process). Each set: mean over its runs, min-max band. The sets may be of different kinds (an
+IMPALA set against a PPO set by time or frames).
 
     python tools/plotcurve_cmp.py -x time -i 'results/n10_*' -b 'results/n1_*' -o cmp.png
 
-Same inputs and columns as plotcurve.py.
+Same inputs, names and columns as plotcurve.py.
 """
 import argparse
 import sys
@@ -23,7 +24,8 @@ def main(argv=None):
     if args.smooth < 1:
         parser.error(f"--smooth must be >= 1, got {args.smooth}")
     try:
-        runs, baseline = plotcurve.find_runs(args.input), plotcurve.find_runs(args.baseline)
+        runs = plotcurve.find_runs(args.input, args.source)
+        baseline = plotcurve.find_runs(args.baseline, args.source)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         plotcurve.plot_runs(ax, runs, args.x, args.y, args.label, color="C0", smooth=args.smooth)
         plotcurve.plot_runs(ax, baseline, args.x, args.y, args.baseline_label, color="C1", smooth=args.smooth)

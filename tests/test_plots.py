@@ -1,0 +1,107 @@
+"""tools/plotcurve.py and plotcurve_cmp.py on every kind of run folder: IMPALA's metrics.csv and
+eval.csv and WALL-E's progress.csv, by frames or by wall-clock, as a user runs them."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tools import plotcurve
+from tools.runlog import RunLog
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(path, columns, rows):
+    log = RunLog(str(path), columns, None)
+    for row in rows:
+        log.write(row, step=0)
+    log.close()
+
+
+def impala_run(folder, scale=1.0):
+    """A learner's metrics.csv (no episode ended in the first row) and an evaluator's eval.csv."""
+    os.makedirs(folder)
+    cols = ("time_s", "frames", "updates", "fps", "mean_return_20", "episodes", "queue_fill", "total_loss",
+            "entropy", "grad_norm")
+    _write(folder / "metrics.csv", cols, [
+        dict(time_s=10.0 * i, frames=40000 * i, updates=10 * i, fps=4000.0, episodes=i,
+             mean_return_20=float("nan") if i == 1 else scale * (i - 1), queue_fill=0.5, total_loss=1.0,
+             entropy=1.0, grad_norm=1.0) for i in range(1, 6)])
+    _write(folder / "eval.csv", ("time", "policy_version", "episodes", "mean_return", "std_return", "mean_length"),
+           [dict(time=1.7e9 + 30.0 * i, policy_version=5 * i, episodes=10, mean_return=scale * 2 * i,
+                 std_return=1.0, mean_length=100.0) for i in range(4)])
+    return folder
+
+
+def ppo_run(folder):
+    os.makedirs(folder)
+    _write(folder / "progress.csv", ("iteration", "steps", "time", "return_mean", "kl"),
+           [dict(iteration=i, steps=1000 * i, time=2.0 * i, return_mean=None if i == 1 else -100.0 + i,
+                 kl=0.01) for i in range(1, 6)])
+    return folder
+
+
+def plot(script, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tools", script)] + list(args), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_generic_names_read_the_right_column_of_each_kind(tmp_path):
+    run = impala_run(tmp_path / "impala")
+    x, y = plotcurve.load_curve(str(run / "metrics.csv"), "frames", "return")
+    np.testing.assert_array_equal(x, [80000, 120000, 160000, 200000])  # the 'nan' row is skipped
+    np.testing.assert_array_equal(y, [1, 2, 3, 4])
+    x, y = plotcurve.load_curve(str(run / "metrics.csv"), "time", "fps")
+    np.testing.assert_array_equal(x, [10, 20, 30, 40, 50])
+    x, y = plotcurve.load_curve(str(run / "eval.csv"), "time", "return")
+    np.testing.assert_array_equal(x, [0, 30, 60, 90])  # seconds since the first evaluation
+    np.testing.assert_array_equal(y, [0, 2, 4, 6])
+    x, y = plotcurve.load_curve(str(ppo_run(tmp_path / "ppo") / "progress.csv"), "frames", "return")
+    np.testing.assert_array_equal(x, [2000, 3000, 4000, 5000])  # PPO's steps; the empty cell skipped
+    np.testing.assert_array_equal(y, [-98, -97, -96, -95])
+
+
+def test_a_run_folder_is_read_by_the_file_it_holds(tmp_path):
+    impala, ppo = impala_run(tmp_path / "runs" / "a"), ppo_run(tmp_path / "runs" / "b")
+    assert plotcurve.find_runs([str(impala)]) == [str(impala / "metrics.csv")]
+    assert plotcurve.find_runs([str(ppo)]) == [str(ppo / "progress.csv")]
+    assert plotcurve.find_runs([str(tmp_path / "runs")]) == [str(impala / "metrics.csv"), str(ppo / "progress.csv")]
+    assert plotcurve.find_runs([str(tmp_path / "runs")], "eval") == [str(impala / "eval.csv")]
+    with pytest.raises(plotcurve.PlotError, match="no eval.csv found"):
+        plotcurve.find_runs([str(ppo)], "eval")
+
+
+@pytest.mark.parametrize("source,x", [("auto", "frames"), ("auto", "time"), ("eval", "time"),
+                                      ("eval", "policy_version")])
+def test_impala_folders_plot_by_frames_and_by_time(tmp_path, source, x):
+    runs = [impala_run(tmp_path / "r1"), impala_run(tmp_path / "r2", scale=2.0)]
+    out = tmp_path / "fig.png"
+    proc = plot("plotcurve.py", "--source", source, "-x", x, "-i", *map(str, runs), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == PNG
+
+
+def test_eval_files_have_no_frames_and_say_so(tmp_path):
+    run = impala_run(tmp_path / "r1")
+    proc = plot("plotcurve.py", "--source", "eval", "-x", "frames", "-i", str(run), "-o", str(tmp_path / "f.png"))
+    assert proc.returncode == 2
+    assert "eval.csv" in proc.stderr and "has no 'frames'" in proc.stderr and "time" in proc.stderr
+
+
+def test_an_unknown_column_names_the_file_and_the_columns(tmp_path):
+    run = impala_run(tmp_path / "r1")
+    proc = plot("plotcurve.py", "-y", "no_such_column", "-i", str(run), "-o", str(tmp_path / "f.png"))
+    assert proc.returncode == 2
+    assert str(run / "metrics.csv") in proc.stderr and "no column 'no_such_column'" in proc.stderr
+    assert "mean_return_20" in proc.stderr
+
+
+def test_an_impala_set_against_a_ppo_set_by_time(tmp_path):
+    impala, ppo = impala_run(tmp_path / "impala"), ppo_run(tmp_path / "ppo")
+    out = tmp_path / "cmp.png"
+    proc = plot("plotcurve_cmp.py", "-x", "time", "-i", str(impala), "-b", str(ppo), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == PNG

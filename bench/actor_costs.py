@@ -76,11 +76,11 @@ def ale_fps(stack_num, seconds=8.0):
 
 def dispatch_pair():
     import tensorflow as tf
-    from impala import actor
+    from impala import agent as agent_lib
     from impala import devices
     import nets
     devices.set_threads(1)
-    agent, _, _ = actor.build_agent("PongNoFrameskip-v4", "SimpleConvNetAgent", 20, 84, "bfloat16")
+    agent, _, _ = agent_lib.build_agent("PongNoFrameskip-v4", "SimpleConvNetAgent", 20, 84, "bfloat16")
     nets.freeze_casts(agent)()  # as actor.run reads the weights
     fn = tf.function(lambda o, f, s: agent(o, f, s), autograph=False)
     obs, first = np.zeros((16, 84, 84, 4), np.uint8), np.zeros(16, bool)

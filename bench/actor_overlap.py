@@ -34,10 +34,12 @@ def measure(variant, envs_per_actor, env_threads, seconds, size):
     import numpy as np
     import tensorflow as tf
     from impala import actor
+    from impala import agent as agent_lib
+    from impala.timings import Timings
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     level, T = "PongNoFrameskip-v4", 20
-    agent, spec, env_spec = actor.build_agent(level, "SimpleConvNetAgent", T, (size, size))
+    agent, spec, env_spec = agent_lib.build_agent(level, "SimpleConvNetAgent", T, (size, size))
     step = tf.function(lambda o, f, s: agent(o, f, s))
     if variant == "async_half":
         return _async_half(agent, step, level, envs_per_actor, env_threads, seconds, size)
@@ -46,9 +48,9 @@ def measure(variant, envs_per_actor, env_threads, seconds, size):
                                   env_threads=env_threads, level_name=level, seed=1, width=size, height=size)
     groups = actor.make_groups(flags, 0, agent, env_spec)
     buf = {f.name: np.zeros((envs_per_actor,) + f.shape, f.dtype) for f in spec.fields}
-    timing = np.zeros(3)
+    timing = Timings(*actor.PHASES)
     actor.fill_unroll(groups, buf, step, T, timing)  # warm-up (traces the step)
-    timing[:] = 0
+    timing.reset()
     t0, steps = time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
         actor.fill_unroll(groups, buf, step, T, timing)
@@ -56,7 +58,7 @@ def measure(variant, envs_per_actor, env_threads, seconds, size):
     dt = time.perf_counter() - t0
     for g in groups:
         g.batch.close()
-    return {"fps": 4 * steps / dt, "env_s": timing[0] / dt, "inference_s": timing[1] / dt}
+    return {"fps": 4 * steps / dt, "env_s": timing["env"] / dt, "inference_s": timing["inference"] / dt}
 
 
 def _async_half(agent, step, level, E, threads, seconds, size):

@@ -17,6 +17,7 @@ import tempfile
 import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
+from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -125,24 +126,17 @@ def main():
               % (" ".join(map(str, a.seeds)), a.budget_s, a.actors, "".join(" --extra=" + e for e in a.extra))]
     with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for s in a.seeds:
-            xs = [float(c["time_s"]) for c in curves if c["seed"] == s]
-            ys = [float(c["mean_return_20"]) for c in curves if c["seed"] == s]
-            ax.plot(xs, ys, label="seed %d" % s)
-        ax.axhline(a.threshold, color="k", ls="--", lw=0.8)
-        ax.set_xlabel("training seconds")
-        ax.set_ylabel("mean return (last 20 episodes)")
-        ax.set_title("CartPole-v1, IMPALA, 2 cores")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, a.tag + "_curves.png"), dpi=100)
-    except ImportError:
-        pass
+    fig, ax = common.subplots(figsize=(6, 4))
+    for s in a.seeds:
+        xs = [float(c["time_s"]) for c in curves if c["seed"] == s]
+        ys = [float(c["mean_return_20"]) for c in curves if c["seed"] == s]
+        ax.plot(xs, ys, label="seed %d" % s)
+    ax.axhline(a.threshold, color="k", ls="--", lw=0.8)
+    ax.set_xlabel("training seconds")
+    ax.set_ylabel("mean return (last 20 episodes)")
+    ax.set_title("CartPole-v1, IMPALA, 2 cores")
+    ax.legend()
+    common.save_figure(fig, os.path.join(a.out, a.tag + "_curves.png"))
     print("\n".join(lines))
     return 0 if all(r["reached"] for r in results) else 1
 

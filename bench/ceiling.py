@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _python_env(level, seconds, seed, screen, out):
     import numpy as np
     import envs
-    env = envs.make_env(level, seed=seed, training=True, screen_size=screen)
+    env = envs.make_env(level, seed=seed, training=True, frame_size=screen)
     rng = np.random.default_rng(seed)
     env.reset(seed=seed)
     n = env.action_space.n
@@ -39,7 +39,7 @@ def _python_env(level, seconds, seed, screen, out):
 def _native_env(level, seconds, num_envs, threads, screen, out):
     import numpy as np
     from envs import batch as env_batch
-    batch = env_batch.make_batch("native", level, num_envs, seed=1, screen_size=screen, threads=threads)
+    batch = env_batch.make_batch("native", level, num_envs, seed=1, frame_size=screen, threads=threads)
     w, h = screen
     obs = np.zeros((num_envs, h, w, 4), np.uint8)
     batch.reset(obs)

@@ -37,9 +37,9 @@ def allreduce_probe(level, agent_name, iters, out_path):
     import numpy as np
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    from impala import actor as actor_lib
+    from impala import agent as agent_lib
     hvd.init()
-    agent, _, _ = actor_lib.build_agent(level, agent_name, 20)
+    agent, _, _ = agent_lib.build_agent(level, agent_name, 20)
     grads = [tf.random.normal(v.shape) for v in agent.trainable_variables]
 
     @tf.function

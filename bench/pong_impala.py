@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
+from bench import common
 from bench import ceiling
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -164,25 +165,18 @@ def main():
                    "time_to_threshold_s": float(hit["time_s"]) if hit else None,
                    "frames_to_threshold": int(hit["frames"]) if hit else None,
                    "bottleneck": tb["bottleneck"]}, f, indent=2)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-        xs = [int(r["frames"]) / 1e6 for r in rows]
-        ax1.plot(xs, [float(r["mean_return_20"]) for r in rows])
-        ax1.set_xlabel("frames (M)")
-        ax1.set_ylabel("mean return, last 20 games")
-        ax1.set_title(a.level)
-        ax2.plot(xs, [float(r["fps"]) for r in rows], label="training fps")
-        ax2.axhline(ceiling_fps, color="k", ls="--", lw=0.8, label="env ceiling")
-        ax2.set_xlabel("frames (M)")
-        ax2.set_ylabel("frames/s")
-        ax2.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, a.tag + ".png"), dpi=100)
-    except ImportError:
-        pass
+    fig, (ax1, ax2) = common.subplots(1, 2, figsize=(10, 3.8))
+    xs = [int(r["frames"]) / 1e6 for r in rows]
+    ax1.plot(xs, [float(r["mean_return_20"]) for r in rows])
+    ax1.set_xlabel("frames (M)")
+    ax1.set_ylabel("mean return, last 20 games")
+    ax1.set_title(a.level)
+    ax2.plot(xs, [float(r["fps"]) for r in rows], label="training fps")
+    ax2.axhline(ceiling_fps, color="k", ls="--", lw=0.8, label="env ceiling")
+    ax2.set_xlabel("frames (M)")
+    ax2.set_ylabel("frames/s")
+    ax2.legend()
+    common.save_figure(fig, os.path.join(a.out, a.tag + ".png"))
     print("\n".join(lines))
     return 0
 

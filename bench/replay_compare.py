@@ -1,5 +1,5 @@
 """Replay variants for an equal budget of environment frames: queue only (no replay),
-queue + standard replay, queue + elite replay (seed 004's setting: half of every batch
+queue + standard replay, queue + elite replay (the PyTorch V-trace platform's setting: half of every batch
 replayed). Same seed, same flags otherwise, run one after another in one invocation.
 
   .venv/bin/python bench/replay_compare.py --level PongNoFrameskip-v4 --frames 1500000
@@ -20,6 +20,7 @@ import tempfile
 import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
+from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -111,23 +112,16 @@ def main():
               "", "Command: `.venv/bin/python bench/replay_compare.py --level %s --frames %d`" % (a.level, a.frames)]
     with open(os.path.join(a.out, tag + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in results:
-            xs = [int(c["frames"]) / 1e6 for c in curves if c["variant"] == r["variant"]]
-            ys = [float(c["mean_return_20"]) for c in curves if c["variant"] == r["variant"]]
-            ax.plot(xs, ys, label=r["variant"])
-        ax.set_xlabel("env frames (M)")
-        ax.set_ylabel("mean return, last 20 episodes")
-        ax.set_title("Replay variants, %s" % a.level)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, tag + ".png"), dpi=100)
-    except ImportError:
-        pass
+    fig, ax = common.subplots(figsize=(6, 4))
+    for r in results:
+        xs = [int(c["frames"]) / 1e6 for c in curves if c["variant"] == r["variant"]]
+        ys = [float(c["mean_return_20"]) for c in curves if c["variant"] == r["variant"]]
+        ax.plot(xs, ys, label=r["variant"])
+    ax.set_xlabel("env frames (M)")
+    ax.set_ylabel("mean return, last 20 episodes")
+    ax.set_title("Replay variants, %s" % a.level)
+    ax.legend()
+    common.save_figure(fig, os.path.join(a.out, tag + ".png"))
     print("\n".join(lines))
     return 0
 

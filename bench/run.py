@@ -259,11 +259,11 @@ def suite_throughput(a, out):
              "(inference on all %d frames at once), bfloat16 torso, newest frames sent, the learner on 1 "
              "TensorFlow thread" % (OURS[0], OURS[1], OURS[1]), res["impala"],
              "**%.2f of the limit**" % (med["impala"] / limit)),
-            ("ours in the layout before: %d actor processes x %d envs in 2 groups (inference on %d frames at a time)"
+            ("ours, %d actor processes x %d envs in 2 groups (inference on %d frames at a time)"
              % (OURS_3X32[0], OURS_3X32[1], OURS_3X32[1] // 2),
              res["impala_3x32"], "%.2f of the limit; ours / this = %.2f" % (
                  med["impala_3x32"] / limit, med["impala"] / med["impala_3x32"])),
-            ("ours with the Python env backend (before the native backend), 2 actors, 1 group, float32",
+            ("ours with the Python env backend, 2 actors, 1 group, float32",
              res["impala_python"],
              "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,
                                                         med["impala"] / med["impala_python"]))]

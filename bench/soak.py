@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 
 from local_cluster import LocalCluster, obey_ctrl_c
+from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -127,21 +128,14 @@ def main():
         lines += tails.get(n, ["(no log)"]) + ["```"]
     with open(os.path.join(a.out, "soak.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name in procs:
-            ax.plot([r["t_s"] / 60 for r in rows], [r[name + "_rss_mb"] for r in rows], label=name)
-        ax.set_xlabel("minutes")
-        ax.set_ylabel("RSS (MB)")
-        ax.set_title("Soak: memory per process")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, "soak.png"), dpi=100)
-    except ImportError:
-        pass
+    fig, ax = common.subplots(figsize=(7, 4))
+    for name in procs:
+        ax.plot([r["t_s"] / 60 for r in rows], [r[name + "_rss_mb"] for r in rows], label=name)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_title("Soak: memory per process")
+    ax.legend()
+    common.save_figure(fig, os.path.join(a.out, "soak.png"))
     print("\n".join(lines))
     return 0
 

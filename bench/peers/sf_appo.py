@@ -170,34 +170,49 @@ def error(msg, child, wall, what):
     return 1
 
 
-def throughput(a):
-    train_dir = tempfile.mkdtemp(prefix="sf_peer_")
-    flags = THROUGHPUT_FLAGS + ["--num_workers=%d" % a.workers, "--num_envs_per_worker=%d" % a.envs_per_worker]
+def run_until(flags, prefix, log, check):
+    """Runs Sample Factory with `flags` in a fresh train dir, asking check(child, t0) every second
+    until it answers something other than None; then stops SF and removes the dir. Returns
+    (child, check's answer, how SF stopped, wall seconds, launch time)."""
+    train_dir = tempfile.mkdtemp(prefix=prefix)
     t0 = time.time()
-    child = Child(flags, train_dir, a.log)
-    why = None
+    child = Child(flags, train_dir, log)
+    answer = None
     try:
-        while True:
+        while answer is None:
             time.sleep(1)
-            now = time.time()
-            first = child.first_trained()
-            if child.proc.poll() is not None:
-                why = "Sample Factory exited before the end of the window"
-                break
-            if first is None and now - t0 > a.start_limit:
-                why = "its learner finished no training iteration within %.0f s of launch" % a.start_limit
-                break
-            if first is not None:  # stop once the reports (every 5 s) after the warm-up span the window
-                window = [r for r in child.reports if r[0] >= first + a.warmup]
-                if len(window) >= 2 and window[-1][0] - window[0][0] >= a.seconds - 0.5:
-                    break
-                if now > first + a.warmup + a.seconds + 60:
-                    why = "its progress reports stopped"
-                    break
+            answer = check(child, t0)
     finally:
         how = child.stop()
         wall = time.time() - t0
         shutil.rmtree(train_dir, ignore_errors=True)
+    return child, answer, how, wall, t0
+
+
+def _throughput_window(a):
+    """check() of the throughput run: "" once the reports after the warm-up span the window,
+    a reason when the run cannot give one, None to go on."""
+    def check(child, t0):
+        now, first = time.time(), child.first_trained()
+        if child.proc.poll() is not None:
+            return "Sample Factory exited before the end of the window"
+        if first is None:
+            if now - t0 > a.start_limit:
+                return "its learner finished no training iteration within %.0f s of launch" % a.start_limit
+            return None
+        window = [r for r in child.reports if r[0] >= first + a.warmup]  # reports come every 5 s
+        if len(window) >= 2 and window[-1][0] - window[0][0] >= a.seconds - 0.5:
+            return ""
+        if now > first + a.warmup + a.seconds + 60:
+            return "its progress reports stopped"
+        return None
+    return check
+
+
+def throughput(a):
+    flags = THROUGHPUT_FLAGS + ["--num_workers=%d" % a.workers, "--num_envs_per_worker=%d" % a.envs_per_worker]
+    child, why, how, wall, t0 = run_until(flags, "sf_peer_", a.log, _throughput_window(a))
+    why = why or None
     what = "async APPO (PPO clip + GAE; V-trace crashes 2.1.1's learner), rollout 32, batch 1024, %d workers x %d envs, convnet_impala + FC 256" % (
         a.workers, a.envs_per_worker)
     first = child.first_trained()
@@ -207,7 +222,6 @@ def throughput(a):
     if len(window) < 2:
         return error("fewer than 2 progress reports after the warm-up", child, wall, what)
     (t1, f1, s1), (t2, f2, s2) = window[0], window[-1]
-    tens = sorted(float(m.group(2)) for m in map(FPS_RE.search, child.lines) if m and m.group(2) != "nan")
     final = re.findall(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)", "\n".join(child.lines))
     out = {"peer": "sample_factory_appo", "suite": "throughput", "level": "PongNoFrameskip-v4",
            "frames_per_s": 4 * (s2 - s1) / (t2 - t1), "trained_frames_per_s": (f2 - f1) / (t2 - t1),
@@ -225,27 +239,27 @@ def throughput(a):
     return 0
 
 
+def _pong_end(a):
+    """check() of the Pong run: the hit (t, return, frames) once the target is reached, False at
+    the frame or time budget or when SF exits, None to go on."""
+    def check(child, t0):
+        if child.proc.poll() is not None:
+            return False
+        # "Avg episode reward" is SF's mean over its last stats_avg (=100) episodes; the
+        # mean of the last 20 is not in its log, so the 100-episode mean is the (stricter) test.
+        frames = child.reports[-1][1] if child.reports else 0
+        if child.rewards and child.rewards[-1][1] >= a.target:
+            return child.rewards[-1] + (frames,)
+        if frames >= a.frames or time.time() - t0 > a.budget_s:
+            return False
+        return None
+    return check
+
+
 def pong(a):
-    train_dir = tempfile.mkdtemp(prefix="sf_peer_pong_")
     flags = PONG_FLAGS + ["--num_envs_per_worker=%d" % a.envs_per_worker, "--seed=%d" % a.seed]
-    t0 = time.time()
-    child = Child(flags, train_dir, a.log)
-    hit = None
-    try:
-        while child.proc.poll() is None:
-            time.sleep(1)
-            # "Avg episode reward" is SF's mean over its last stats_avg (=100) episodes; the
-            # mean of the last 20 is not in its log, so the 100-episode mean is the (stricter) test.
-            if hit is None and child.rewards and child.rewards[-1][1] >= a.target:
-                hit = child.rewards[-1] + (child.reports[-1][1] if child.reports else 0,)  # (t, return, frames)
-                break
-            frames = child.reports[-1][1] if child.reports else 0
-            if frames >= a.frames or time.time() - t0 > a.budget_s:
-                break
-    finally:
-        how = child.stop()
-        wall = time.time() - t0
-        shutil.rmtree(train_dir, ignore_errors=True)
+    child, hit, how, wall, t0 = run_until(flags, "sf_peer_pong_", a.log, _pong_end(a))
+    hit = hit or None
     first = child.first_trained()
     if first is None:
         return error("no training iteration finished", child, wall, "SF Atari defaults, CPU, 2 workers")

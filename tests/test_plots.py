@@ -31,7 +31,7 @@ def impala_run(folder, scale=1.0):
              mean_return_20=float("nan") if i == 1 else scale * (i - 1), queue_fill=0.5, total_loss=1.0,
              entropy=1.0, grad_norm=1.0) for i in range(1, 6)])
     _write(folder / "eval.csv", ("time", "policy_version", "episodes", "mean_return", "std_return", "mean_length"),
-           [dict(time=1.7e9 + 30.0 * i, policy_version=5 * i, episodes=10, mean_return=scale * 2 * i,
+           [dict(time=1.7e9 + 30.0 * i, policy_version=8 + 7 * i, episodes=10, mean_return=scale * 2 * i,
                  std_return=1.0, mean_length=100.0) for i in range(4)])
     return folder
 
@@ -74,7 +74,7 @@ def test_a_run_folder_is_read_by_the_file_it_holds(tmp_path):
         plotcurve.find_runs([str(ppo)], "eval")
 
 
-@pytest.mark.parametrize("source,x", [("auto", "frames"), ("auto", "time"), ("eval", "time"),
+@pytest.mark.parametrize("source,x", [("auto", "frames"), ("auto", "time"), ("eval", "frames"), ("eval", "time"),
                                       ("eval", "policy_version")])
 def test_impala_folders_plot_by_frames_and_by_time(tmp_path, source, x):
     runs = [impala_run(tmp_path / "r1"), impala_run(tmp_path / "r2", scale=2.0)]
@@ -84,11 +84,52 @@ def test_impala_folders_plot_by_frames_and_by_time(tmp_path, source, x):
     assert out.read_bytes()[:8] == PNG
 
 
-def test_eval_files_have_no_frames_and_say_so(tmp_path):
+def test_eval_frames_come_from_the_metrics_csv_beside_it(tmp_path):
+    """policy_version is the learner's update count; metrics.csv logs updates next to frames
+    (here 4000 frames per update): versions 15, 22, 29 interpolate, version 8 (before the
+    learner's first row, at 10 updates) is left out rather than extrapolated."""
+    run = impala_run(tmp_path / "impala")
+    x, y = plotcurve.load_curve(str(run / "eval.csv"), "frames", "return")
+    np.testing.assert_array_equal(x, [60000, 88000, 116000])
+    np.testing.assert_array_equal(y, [2, 4, 6])
+
+
+def test_eval_files_without_metrics_have_no_frames_and_say_so(tmp_path):
     run = impala_run(tmp_path / "r1")
+    os.remove(run / "metrics.csv")
     proc = plot("plotcurve.py", "--source", "eval", "-x", "frames", "-i", str(run), "-o", str(tmp_path / "f.png"))
     assert proc.returncode == 2
-    assert "eval.csv" in proc.stderr and "has no 'frames'" in proc.stderr and "time" in proc.stderr
+    assert str(run / "eval.csv") in proc.stderr and "no frame count" in proc.stderr
+    assert "-x time, -x policy_version" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_resumed_run_continues_its_time(tmp_path):
+    """A run resumed into its folder appends to metrics.csv with time_s from 0 again."""
+    os.makedirs(tmp_path / "run")
+    _write(tmp_path / "run" / "metrics.csv", ("time_s", "frames", "mean_return_20"),
+           [dict(time_s=t, frames=f, mean_return_20=1.0) for t, f in ((10, 100), (20, 200), (5, 300), (15, 400))])
+    x, _ = plotcurve.load_curve(str(tmp_path / "run" / "metrics.csv"), "time", "return")
+    np.testing.assert_array_equal(x, [10, 20, 25, 35])
+    x, _ = plotcurve.load_curve(str(tmp_path / "run" / "metrics.csv"), "time_s", "return")
+    np.testing.assert_array_equal(x, [10, 20, 5, 15])  # the raw column stays raw
+
+
+def test_an_x_that_goes_back_is_not_averaged(tmp_path):
+    os.makedirs(tmp_path / "a")
+    _write(tmp_path / "a" / "metrics.csv", ("time_s", "frames", "mean_return_20"),
+           [dict(time_s=t, frames=f, mean_return_20=1.0) for t, f in ((10, 100), (20, 300), (30, 200))])
+    b = impala_run(tmp_path / "b")
+    proc = plot("plotcurve.py", "-x", "frames", "-i", str(tmp_path / "a"), str(b), "-o", str(tmp_path / "f.png"))
+    assert proc.returncode == 2 and str(tmp_path / "a" / "metrics.csv") in proc.stderr and "goes back" in proc.stderr
+
+
+@pytest.mark.parametrize("x", ["steps", "frames", "time", "iteration"])
+def test_ppo_folders_plot_by_each_x(tmp_path, x):
+    runs = [ppo_run(tmp_path / "p1"), ppo_run(tmp_path / "p2")]
+    out = tmp_path / "fig.png"
+    proc = plot("plotcurve.py", "-x", x, "-i", *map(str, runs), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == PNG
 
 
 def test_an_unknown_column_names_the_file_and_the_columns(tmp_path):

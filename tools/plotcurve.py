@@ -2,7 +2,7 @@
 
     python tools/plotcurve.py -x steps -i results/ppo_HalfCheetah-v5_1700000000 -o fig.png
     python tools/plotcurve.py -x time -i 'results/PongNoFrameskip-v4_*' -o pong.png
-    python tools/plotcurve.py --source eval -x time -i results/CartPole-v1_1700000000 -o eval.png
+    python tools/plotcurve.py --source eval -x frames -i results/CartPole-v1_1700000000 -o eval.png
 
 -i takes run folders, folders of run folders, glob patterns of either, or CSV files. A run
 folder is read by the file it holds (--source auto): WALL-E's progress.csv, else the IMPALA
@@ -10,13 +10,19 @@ learner's metrics.csv; --source eval reads the IMPALA evaluator's eval.csv inste
 take a column of that file or a name that means the same thing in every kind of file:
 
     name     progress.csv (PPO)   metrics.csv (IMPALA)   eval.csv (IMPALA evaluator)
-    steps    steps                frames                 - (no frame count: use time)
-    frames   steps                frames                 -
-    time     time                 time_s                 time, from its first row
+    steps    steps                frames                 frames of policy_version (1)
+    frames   steps                frames                 frames of policy_version (1)
+    time     time                 time_s (2)             time, from its first row (3)
     return   return_mean          mean_return_20         mean_return
 
 IMPALA counts env frames after action repeats (4 per agent step on Atari); PPO counts env steps.
-time is wall-clock seconds since the run (or, for eval.csv, its first evaluation) started.
+time is wall-clock seconds since the PPO loop or the IMPALA learner's training loop started.
+(1) eval.csv has no frame count; its policy_version is the learner's update count, which the
+    metrics.csv beside it logs (updates) next to frames: the frames are interpolated between
+    those rows, evaluations outside them are left out; without a metrics.csv: an error.
+(2) A run resumed into its folder restarts time_s from 0; each restart is continued from the
+    last time before it, so the pause is left out.
+(3) eval.csv's time is a Unix time: seconds since the first evaluation, pauses included.
 Empty and 'nan' cells (no episode had ended) are skipped. With several runs, each curve is
 interpolated onto a common x grid over the range all runs cover.
 """
@@ -75,8 +81,8 @@ def find_runs(patterns, source="auto"):
                 paths += [f for f in (_run_file(d, source) for d in sorted(glob.glob(os.path.join(m, "*")))) if f]
     if not paths:
         wanted = FILES[source] if source != "auto" else "progress.csv or metrics.csv"
-        raise PlotError(f"no {wanted} found under {' '.join(patterns)!r} (give run folders, "
-                        f"folders of runs, glob patterns or CSV files)")
+        raise PlotError(f"no {wanted} found under {' '.join(patterns)!r} (give run folders, folders of runs, "
+                        f"glob patterns or CSV files; --source eval reads eval.csv)")
     return sorted(set(paths))
 
 
@@ -93,19 +99,79 @@ def column(path, kind, name, flag, columns):
     return name
 
 
+def read_csv(path):
+    """(header, rows as dicts) of one CSV file."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames or [], list(reader)
+
+
+def numbers(path, rows, col):
+    """One column as floats, NaN where the cell is missing (empty or 'nan', as runlog writes it)."""
+    try:
+        return np.array([np.nan if is_missing(r[col]) else float(r[col]) for r in rows], np.float64)
+    except ValueError as e:
+        raise PlotError(f"{path}: column {col!r} is not numeric ({e})") from None
+
+
+def stitched(t):
+    """time_s restarted at 0 by each resume into the same folder (metrics.csv is appended to):
+    every restart continues from the last time before it, so the curve does not run backwards
+    and the time the run was stopped is left out."""
+    out, ok = t.copy(), np.isfinite(t)
+    v = t[ok]
+    restarts = np.r_[False, np.diff(v) < 0]
+    out[ok] = v + np.cumsum(np.where(restarts, np.r_[0.0, v[:-1]], 0.0))
+    return out
+
+
+def eval_frames(path, columns, rows):
+    """The frames each eval.csv row's policy had trained on. The evaluator logs policy_version,
+    which is the learner's update count; the learner's metrics.csv beside it logs that count
+    (updates) next to frames, so the frames are interpolated between its rows. Evaluations
+    outside the updates it logged are left out (NaN) rather than extrapolated."""
+    metrics = os.path.join(os.path.dirname(path), FILES["metrics"])
+    if not os.path.isfile(metrics):
+        raise PlotError(f"{path}: eval.csv has no frame count, and there is no metrics.csv beside it to map its "
+                        f"policy_version to frames; use -x time, -x policy_version or a column: {', '.join(columns)}")
+    version = numbers(path, rows, column(path, "eval", "policy_version", "-x", columns))
+    m_columns, m_rows = read_csv(metrics)
+    updates, frames = (numbers(metrics, m_rows, column(metrics, "metrics", c, "-x", m_columns))
+                       for c in ("updates", "frames"))
+    ok = np.isfinite(updates) & np.isfinite(frames)
+    if not ok.any():
+        raise PlotError(f"{metrics}: no rows with both 'updates' and 'frames' set to map eval.csv's policy_version")
+    # A resume from an earlier checkpoint logs some update counts twice, with the same frames
+    # (both are restored together): sorting keeps np.interp's x increasing.
+    order = np.argsort(updates[ok], kind="stable")
+    u, f = updates[ok][order], frames[ok][order]
+    inside = (version >= u[0]) & (version <= u[-1])
+    return np.where(inside, np.interp(version, u, f), np.nan)
+
+
+def x_values(path, kind, name, columns, rows):
+    """The x of every row: the column `name` stands for, made comparable across runs."""
+    if kind == "eval" and name in ("steps", "frames"):
+        return eval_frames(path, columns, rows)
+    col = column(path, kind, name, "-x", columns)
+    x = numbers(path, rows, col)
+    if kind in RELATIVE_TIME and col == "time":
+        x = x - x[np.isfinite(x)][0] if np.isfinite(x).any() else x
+    elif kind == "metrics" and name == "time":
+        x = stitched(x)
+    return x
+
+
 def load_curve(path, x_name, y_name, smooth=1):
     """(x, y) float arrays from one run's CSV, rows with a missing x or y dropped."""
     kind = kind_of(path)
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        columns = reader.fieldnames or []
-        x_col, y_col = column(path, kind, x_name, "-x", columns), column(path, kind, y_name, "-y", columns)
-        rows = [(r[x_col], r[y_col]) for r in reader if not is_missing(r[x_col]) and not is_missing(r[y_col])]
-    if not rows:
-        raise PlotError(f"{path}: no rows with both {x_col!r} and {y_col!r} set")
-    x, y = np.array(rows, np.float64).T
-    if kind in RELATIVE_TIME and x_col == "time":
-        x = x - x[0]
+    columns, rows = read_csv(path)
+    y_col = column(path, kind, y_name, "-y", columns)
+    x, y = x_values(path, kind, x_name, columns, rows), numbers(path, rows, y_col)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if not keep.any():
+        raise PlotError(f"{path}: no rows with both {x_name!r} and {y_col!r} set")
+    x, y = x[keep], y[keep]
     if smooth > 1 and len(y) >= smooth:  # trailing moving average
         y = np.convolve(y, np.ones(smooth) / smooth, mode="valid")
         x = x[smooth - 1:]
@@ -127,6 +193,11 @@ def band(curves):
 
 def plot_runs(ax, paths, x_name, y_name, label, color=None, smooth=1):
     curves = [load_curve(p, x_name, y_name, smooth) for p in paths]
+    if len(curves) > 1:  # np.interp needs an increasing x, and would silently misread one that is not
+        for path, (x, _) in zip(paths, curves):
+            if np.any(np.diff(x) < 0):
+                raise PlotError(f"{path}: {x_name!r} goes back (a run resumed from an earlier checkpoint?), so "
+                                f"it cannot be averaged with other runs on a common x; plot it alone")
     grid, mean, lo, hi = band(curves)
     line, = ax.plot(grid, mean, color=color, label=f"{label} ({len(curves)} run{'s' * (len(curves) > 1)})")
     if len(curves) > 1:
@@ -135,8 +206,14 @@ def plot_runs(ax, paths, x_name, y_name, label, color=None, smooth=1):
 
 
 def add_common_arguments(parser):
-    parser.add_argument("-x", "--x", default="steps", help="x: steps, frames, time, or a column of the file")
-    parser.add_argument("-y", "--y", default=DEFAULT_Y, help=f"y: return, or a column (default {DEFAULT_Y})")
+    parser.add_argument("-x", "--x", default="steps",
+                        help="x: frames or steps (IMPALA: env frames, counted after action repeats; PPO: env "
+                             "steps; eval.csv: via the metrics.csv beside it), time (wall-clock seconds since "
+                             "the training loop started; eval.csv: since its first evaluation), or a column "
+                             "(default steps)")
+    parser.add_argument("-y", "--y", default=DEFAULT_Y,
+                        help=f"y: return (progress.csv return_mean, metrics.csv mean_return_20, eval.csv "
+                             f"mean_return) or a column (default {DEFAULT_Y})")
     parser.add_argument("-i", "--input", nargs="+", required=True, help="run folders / globs / CSV files")
     parser.add_argument("--source", choices=("auto",) + tuple(FILES), default="auto",
                         help="which file of a run folder: auto (progress.csv, else metrics.csv), or one kind")
@@ -161,7 +238,7 @@ def finish(fig, ax, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     parser.add_argument("--label", default="", help="legend label (default: the -i folder name)")
     args = parser.parse_args(argv)

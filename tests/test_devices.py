@@ -20,8 +20,8 @@ def test_pick_gpu_by_local_rank_or_cpu_when_none():
 
 
 def test_learner_on_cpu_when_no_gpu_is_visible_and_actor_hides_gpus():
-    code = ("import devices, tensorflow as tf; lines = []; d = devices.setup_learner(0, log=lines.append); "
-            "devices.hide_gpus_from_actor(); print(d); print(lines[0]); "
+    code = ("from impala import devices; import tensorflow as tf; lines = []; "
+            "d = devices.setup_learner(0, log=lines.append); devices.hide_gpus_from_actor(); print(d); print(lines[0]); "
             "print(tf.config.get_visible_devices('GPU'))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))

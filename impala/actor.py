@@ -177,7 +177,7 @@ def run(flags, task, log=print):
 def _send_until_stopped(actor, stop):
     """The unroll loop; returns (unrolls sent, whether the learner was given up on)."""
     task, log = actor.task, actor.log
-    sender, sent_before = sender_lib.Sender(actor.client, stop), 0
+    sender, sent_before, gave_up = sender_lib.Sender(actor.client, stop), 0, False
     while not stop():
         why = None
         if not actor.read_weights():
@@ -195,10 +195,11 @@ def _send_until_stopped(actor, stop):
         if why is not None:
             if not sender_lib.reconnect(actor.client, actor.flags, stop, log,
                                         "actor %d: %s, reconnecting" % (task, why)):
-                return sent_before + sender.sent, not stop()
+                gave_up = not stop()
+                break
             if sender.outcome is not None:  # a new session needs a new sender
                 sent_before += sender.sent
                 sender = sender_lib.Sender(actor.client, stop)
     sender.drain()
     sender.close()
-    return sent_before + sender.sent, False
+    return sent_before + sender.sent, gave_up

@@ -279,9 +279,23 @@ def _parse_row(row, lineno, csv_dir, local, err):
         bad("cuda_visible_devices", f"{cvd!r} is not a GPU list; leave it empty, write -1 for no GPU, "
                                     f"or GPU ids like 0 or \"0,1\"")
 
+    # A remote host's SSH columns are only demanded once its address is valid: an address
+    # that is wrong already explains the row, and "remote" would be a guess.
+    ssh_port, user = _ssh_login(row, ip, not is_local and not problem, bad)
+    key_file = _key_file(row.get("ssh_key_file", ""), csv_dir, bad)
+
+    if problems:
+        return None
+    return Worker(job=job, index=-1, line=lineno, ip=ip, tf_port=tf_port,
+                  cuda_visible_devices=cvd, ssh_port=ssh_port, ssh_username=user,
+                  ssh_password=row["ssh_password"], ssh_key_file=key_file, is_local=is_local)
+
+
+def _ssh_login(row, ip, remote, bad):
+    """(ssh_port or None, ssh_username) of a row; a remote host needs both."""
     ssh_port = _port(row["ssh_port"], "ssh_port", bad, required=False)
     user = row["ssh_username"]
-    if not is_local and not problem:
+    if remote:
         if not row["ssh_port"]:
             bad("ssh_port", f"empty, but {ip} is a remote host (not this machine); "
                             f"write its SSH port, usually 22")
@@ -290,24 +304,22 @@ def _parse_row(row, lineno, csv_dir, local, err):
                                 f"write the user to log in as")
     if user and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", user):
         bad("ssh_username", f"{user!r} is not a user name (letters, digits, _ . -)")
+    return ssh_port, user
 
-    key_file = row.get("ssh_key_file", "")
-    if key_file:
-        key_path = os.path.join(csv_dir, os.path.expanduser(key_file))
-        if not os.path.isfile(key_path):
-            bad("ssh_key_file", f"{key_file!r}: no such file ({key_path}); give the private key's path "
-                                f"(relative paths are relative to the CSV's folder)")
-        elif key_path.endswith(".pub") or _looks_public(key_path):
-            bad("ssh_key_file", f"{key_file!r} is a public key; give the private key (without .pub)")
-        elif not os.access(key_path, os.R_OK):
-            bad("ssh_key_file", f"{key_file!r} is not readable by this user")
-        key_file = os.path.abspath(key_path)
 
-    if problems:
-        return None
-    return Worker(job=job, index=-1, line=lineno, ip=ip, tf_port=tf_port,
-                  cuda_visible_devices=cvd, ssh_port=ssh_port, ssh_username=user,
-                  ssh_password=row["ssh_password"], ssh_key_file=key_file, is_local=is_local)
+def _key_file(key_file, csv_dir, bad):
+    """The ssh_key_file cell as an absolute path ("" stays ""), checked to be a readable private key."""
+    if not key_file:
+        return key_file
+    key_path = os.path.join(csv_dir, os.path.expanduser(key_file))
+    if not os.path.isfile(key_path):
+        bad("ssh_key_file", f"{key_file!r}: no such file ({key_path}); give the private key's path "
+                            f"(relative paths are relative to the CSV's folder)")
+    elif key_path.endswith(".pub") or _looks_public(key_path):
+        bad("ssh_key_file", f"{key_file!r} is a public key; give the private key (without .pub)")
+    elif not os.access(key_path, os.R_OK):
+        bad("ssh_key_file", f"{key_file!r} is not readable by this user")
+    return os.path.abspath(key_path)
 
 
 def _check_host(ip: str) -> str:

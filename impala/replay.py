@@ -1,8 +1,9 @@
 """Experience replay for the IMPALA learner: mixes live unrolls with replayed ones.
 
 Configured by `--replay_parameters`, a JSON list with one entry per source, as in
-the PyTorch V-trace platform with replay (a distributed IMPALA in PyTorch that mixes live
-unrolls with experience, attentive and elite replay; "the platform" below). Every entry has "type",
+the PyTorch V-trace platform of "General distributed RL platform based on modified
+IMPALA architecture" (single-node, with experience replay, attentive experience
+replay and elite experience replay; "the platform" below). Every entry has "type",
 "capacity" (in unrolls, the "items" here) and "sample_ratio" (the share of each
 training batch the source supplies; the ratios sum to 1):
 

@@ -5,10 +5,10 @@
 One process, TensorFlow on 1 thread (as actors run). Each pair alternates for --rounds rounds;
 the table gives the median time per call and the ratio (before / after: > 1, the lever is faster).
   interleave   16 envs' 4 frames into [16, 84, 84, 4]: numpy channel by channel from ale-py's
-               [16, 4, 84, 84] (the old env_batch._to_hwc) against envs.merge_frames from the
-               slot-major ring [4, 16, 84, 84] that NativeAtariBatch keeps
+               [16, 4, 84, 84] against envs.merge_frames from the slot-major ring
+               [4, 16, 84, 84] that NativeAtariBatch keeps
   stack        the learner's stacks of a batch of 32 unrolls of 20 steps sent as newest frames:
-               numpy channel by channel (the old transport.stack_frames) against today's
+               numpy channel by channel against transport.stack_frames (one OpenCV merge per unroll)
   ale_stack    ale-py stepping 32 Pong envs on 2 threads, random actions: its own 4-frame stack
                against stack_num=1 (NativeAtariBatch keeps the stacks), frames/s
   dispatch     one inference call of SimpleConvNetAgent in bfloat16 on 16 frames: the tf.function
@@ -22,8 +22,16 @@ import sys
 import time
 
 import numpy as np
+import tensorflow as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import envs
+import nets
+from envs import batch as env_batch
+from impala import agent as agent_lib
+from impala import devices
+from impala import transport
+from bench import common
+from bench import run as harness
 
 
 def per_call(fn, seconds=2.0):
@@ -36,7 +44,6 @@ def per_call(fn, seconds=2.0):
 
 
 def interleave_pair():
-    import envs
     chw = np.random.default_rng(0).integers(0, 256, (16, 4, 84, 84), np.uint8)  # ale-py's own stacks
     ring = np.ascontiguousarray(np.swapaxes(chw, 0, 1))  # NativeAtariBatch's slot-major ring
     out = np.zeros((16, 84, 84, 4), np.uint8)
@@ -48,7 +55,6 @@ def interleave_pair():
 
 
 def stack_pair():
-    from impala import transport
     frames = np.random.default_rng(0).integers(0, 256, (32, 24, 84, 84), np.uint8)
     reset = np.zeros((32, 21), bool)
 
@@ -61,7 +67,6 @@ def stack_pair():
 
 
 def ale_fps(stack_num, seconds=8.0):
-    from envs import batch as env_batch
     env = env_batch.ale_vector_env("PongNoFrameskip-v4", 32, threads=2, stack_num=stack_num)
     env.reset(seed=1)
     rng, steps, t0 = np.random.default_rng(0), 0, time.perf_counter()
@@ -75,10 +80,6 @@ def ale_fps(stack_num, seconds=8.0):
 
 
 def dispatch_pair():
-    import tensorflow as tf
-    from impala import agent as agent_lib
-    from impala import devices
-    import nets
     devices.set_threads(1)
     agent, _, _ = agent_lib.build_agent("PongNoFrameskip-v4", "SimpleConvNetAgent", 20, 84, "bfloat16")
     nets.freeze_casts(agent)()  # as actor.run reads the weights
@@ -124,12 +125,9 @@ def main():
         lines.append("| %s | %s | %s | %s | %s | **%.2fx** |" % (k, name_b, name_a, fmt(b, unit, scale),
                                                                    fmt(f, unit, scale), gain))
     lines += ["", "Command: `.venv/bin/python bench/actor_costs.py --rounds %d`" % a.rounds]
-    from bench import run as harness
-    out = harness.machine_dir()
-    os.makedirs(out, exist_ok=True)
-    lines += ["", harness.machine_line(harness.write_machine(out))]
-    with open(os.path.join(out, "actor_costs.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    out, info = harness.results_dir()
+    lines += ["", harness.machine_line(info)]
+    common.write_lines(os.path.join(out, "actor_costs.md"), lines)
     print("\n".join(lines))
     return 0
 

@@ -7,13 +7,10 @@ how many actor processes, envs each, env threads and groups.
 Each argument after the seconds is "actors|envs per actor|extra flag|...". Prints one line per
 layout with the learner's time breakdown (summary.json), in the order given.
 """
-import os
 import sys
 
 from bench import cpu_split
 from bench import run as harness
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():

@@ -1,7 +1,7 @@
-"""How fast can one actor process step Pong and run its policy? Each lever of issue 14 item 2,
-measured alone (no learner, no transport), round-robin, in fresh processes:
+"""How fast can one actor process step Pong and run its policy? Each actor-side lever measured
+alone (no learner, no transport), round-robin, in fresh processes:
 
-  python       envs/factory.py's gymnasium envs stepped one by one in Python, then inference (today's actor)
+  python       envs/factory.py's gymnasium envs stepped one by one in Python, then inference (the Python backend)
   native       ale-py's C++ vector env, stepped and then inferred, alternately
   groups2      native, the envs in 2 groups: one group steps in C++ threads while the other infers
                (Sample Factory's double-buffered sampling); through actor.fill_unroll, as the actor runs it
@@ -22,8 +22,12 @@ import sys
 import time
 import types
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import gymnasium as gym
+import numpy as np
+from ale_py.vector_env import AtariVectorEnv
+
+from bench import common
+from bench import run as harness
 
 VARIANTS = ["python", "native", "groups2", "async_half"]
 
@@ -31,7 +35,7 @@ VARIANTS = ["python", "native", "groups2", "async_half"]
 def measure(variant, envs_per_actor, env_threads, seconds, size):
     """Runs in a fresh process: frames/s of one variant."""
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    import numpy as np
+    # Imported here, after the line above: TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
     import tensorflow as tf
     from impala import actor
     from impala import agent as agent_lib
@@ -62,10 +66,7 @@ def measure(variant, envs_per_actor, env_threads, seconds, size):
 
 
 def _async_half(agent, step, level, E, threads, seconds, size):
-    import gymnasium as gym
-    import numpy as np
-    import tensorflow as tf
-    from ale_py.vector_env import AtariVectorEnv
+    import tensorflow as tf  # imported by measure() already, as TF_ENABLE_ONEDNN_OPTS says
     half = E // 2
     env = AtariVectorEnv(gym.spec(level).kwargs["game"], E, batch_size=half, num_threads=threads,
                          img_height=size, img_width=size, reward_clipping=False,
@@ -118,9 +119,7 @@ def main():
                 raise RuntimeError("%s:%d failed: %s" % (v, t, out.stderr[-1500:]))
             res[(v, t)].append(json.loads(line[-1]))
             print("round %d %-10s threads %d: %s" % (r + 1, v, t, res[(v, t)][-1]), flush=True)
-    from bench import run as harness
-    out_dir = harness.machine_dir()
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir, info = harness.results_dir()
     base = statistics.median(x["fps"] for x in res[("python", 1)]) if ("python", 1) in res else None
     lines = ["# One actor process: Pong frames/s of env stepping + policy inference, no learner",
              "", "%d envs, %dx%d frames, SimpleConvNetAgent inference on 1 TensorFlow thread, %d round(s) of "
@@ -134,9 +133,8 @@ def main():
             v, t if v != "python" else "-", med, min(fps), max(fps), "%.2fx" % (med / base) if base else "-",
             100 * statistics.median(x["inference_s"] for x in xs)))
     lines += ["", "Command: `.venv/bin/python bench/actor_overlap.py --seconds %g --rounds %d --envs %d --size %d`"
-              % (a.seconds, a.rounds, a.envs, a.size), "", harness.machine_line(harness.write_machine(out_dir))]
-    path = os.path.join(out_dir, "actor_overlap%s.md" % ("" if a.size == 84 else "_%d" % a.size))
-    open(path, "w").write("\n".join(lines) + "\n")
+              % (a.seconds, a.rounds, a.envs, a.size), "", harness.machine_line(info)]
+    common.write_lines(os.path.join(out_dir, "actor_overlap%s.md" % ("" if a.size == 84 else "_%d" % a.size)), lines)
     print("\n".join(lines))
     return 0
 

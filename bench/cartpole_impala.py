@@ -11,7 +11,6 @@ that does not reach the threshold within --budget_s counts as a miss.
 import argparse
 import csv
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -20,7 +19,6 @@ from local_cluster import LocalCluster, obey_ctrl_c
 from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 # APPO-style settings: Adam, each batch used 8 times under a PPO clip, V-trace lambda 0.8,
 # gamma 0.98, no entropy bonus; one actor process stepping 16 envs. Chosen by a sweep of 12
@@ -35,13 +33,6 @@ FLAGS = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16",
          "--log_every_s=0.25", "--queue_capacity=32"]
 
 
-def read_metrics(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
 def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=(), num_actors=NUM_ACTORS):
     logdir = tempfile.mkdtemp(prefix="cartpole_bench_")
     cluster = LocalCluster(num_actors, base_port, FLAGS + ["--seed=%d" % seed,
@@ -54,7 +45,7 @@ def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=(), num_a
     try:
         while time.time() - t_start < budget_s + 30:
             time.sleep(0.1)
-            rows = read_metrics(os.path.join(logdir, "metrics.csv"))
+            rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
             for r in rows:
                 if float(r["mean_return_20"]) >= threshold:
                     hit, hit_wall = r, time.time() - t_start
@@ -63,8 +54,7 @@ def run_seed(seed, budget_s, threshold, total_frames, base_port, extra=(), num_a
                 break
     finally:
         cluster.stop()
-        rows = read_metrics(os.path.join(logdir, "metrics.csv"))
-        shutil.rmtree(logdir, ignore_errors=True)
+        rows, _, _ = common.finished_run(logdir)
     wall = time.time() - t_start
     if hit is not None and float(hit["time_s"]) > budget_s:
         hit = None
@@ -124,8 +114,7 @@ def main():
     lines += ["", "Median time to threshold: %s" % ("%.0f s" % median if median != float("inf") else "not reached"),
               "", "Command: `.venv/bin/python bench/cartpole_impala.py --seeds %s --budget_s %g --actors %d%s`"
               % (" ".join(map(str, a.seeds)), a.budget_s, a.actors, "".join(" --extra=" + e for e in a.extra))]
-    with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, a.tag + ".md"), lines)
     fig, ax = common.subplots(figsize=(6, 4))
     for s in a.seeds:
         xs = [float(c["time_s"]) for c in curves if c["seed"] == s]

@@ -17,12 +17,13 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import numpy as np
+
+import envs
+from envs import batch as env_batch
 
 
 def _python_env(level, seconds, seed, screen, out):
-    import numpy as np
-    import envs
     env = envs.make_env(level, seed=seed, training=True, frame_size=screen)
     rng = np.random.default_rng(seed)
     env.reset(seed=seed)
@@ -37,8 +38,6 @@ def _python_env(level, seconds, seed, screen, out):
 
 
 def _native_env(level, seconds, num_envs, threads, screen, out):
-    import numpy as np
-    from envs import batch as env_batch
     batch = env_batch.make_batch("native", level, num_envs, seed=1, frame_size=screen, threads=threads)
     w, h = screen
     obs = np.zeros((num_envs, h, w, 4), np.uint8)

@@ -1,8 +1,58 @@
-"""What the bench scripts share: matplotlib without a display, and saving a figure next to its table."""
+"""What the bench scripts share: a local cluster's shape as arguments and as experiment.py flags,
+reading back what its run left in its folder, writing a results table, and figures (matplotlib
+without a display) saved next to their table."""
+import csv
+import json
+import os
+import shutil
+
 import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: the benches run on machines with no display
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def cluster_args(p, actors, envs_per_actor, batch_size, unroll_length):
+    """Adds a local cluster's shape to the argument parser `p`, with the script's defaults."""
+    for name, default in (("--actors", actors), ("--envs_per_actor", envs_per_actor),
+                          ("--batch_size", batch_size), ("--unroll_length", unroll_length)):
+        p.add_argument(name, type=int, default=default)
+
+
+def cluster_flags(a):
+    """experiment.py's flags for cluster_args' arguments (--actors is LocalCluster's count, not a flag)."""
+    return ["--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
+            "--envs_per_actor=%d" % a.envs_per_actor]
+
+
+def read_csv(path):
+    """The rows of a CSV file as dicts; [] where the file is not there (yet)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def finished_run(logdir):
+    """What a stopped run left in `logdir`: metrics.csv's rows, summary.json (None where the
+    learner wrote none) and the learner's log ("" where there is none); then removes `logdir`,
+    since the benches keep only their own tables."""
+    rows = read_csv(os.path.join(logdir, "metrics.csv"))
+    summary, log = None, ""
+    if os.path.exists(os.path.join(logdir, "summary.json")):
+        with open(os.path.join(logdir, "summary.json")) as f:
+            summary = json.load(f)
+    if os.path.exists(os.path.join(logdir, "logs", "learner.log")):
+        with open(os.path.join(logdir, "logs", "learner.log"), errors="replace") as f:
+            log = f.read()
+    shutil.rmtree(logdir, ignore_errors=True)
+    return rows, summary, log
+
+
+def write_lines(path, lines):
+    """A results table (or any text) as a file, one line of `lines` a line."""
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def subplots(*args, **kwargs):

@@ -34,10 +34,13 @@ import sys
 import tempfile
 import time
 
+import psutil
+import tensorflow as tf
+
 from local_cluster import LocalCluster
+from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 FLAGS = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=8", "--unroll_length=20",
          "--envs_per_actor=4", "--queue_capacity=16", "--entropy_cost=0.01", "--learning_rate=0.001",
@@ -68,8 +71,19 @@ def log_text(logdir, name="learner.log"):
     return open(path, errors="replace").read() if os.path.exists(path) else ""
 
 
+def detected_and_going_on(logdir, words, timeout, settle, since=0):
+    """Right after a fault: whether the learner's log says `words` (past its first `since`
+    characters) within `timeout` s, the seconds until it did (nan if never), and whether the
+    frame count still grows over the next `settle` s."""
+    t_fault = time.time()
+    seen = wait_for(lambda: words in log_text(logdir)[since:], timeout)
+    detect = time.time() - t_fault if seen else float("nan")
+    f0 = frames_now(logdir)
+    time.sleep(settle)
+    return seen, detect, frames_now(logdir) > f0
+
+
 def newest_checkpoint_frames(logdir):
-    import tensorflow as tf
     state = tf.train.get_checkpoint_state(os.path.join(logdir, "checkpoints"))
     if not state:
         return None, None
@@ -85,12 +99,7 @@ def scenario_kill_actor(base, work):
         wait_for(lambda: frames_now(logdir) > 20000, 120)
         before = len(log_text(logdir))  # only what the learner says after the kill counts
         os.killpg(c.actor_procs[0].pid, signal.SIGKILL)
-        t_kill = time.time()
-        seen = wait_for(lambda: "actor 0 has sent nothing" in log_text(logdir)[before:], 60)
-        detect = time.time() - t_kill if seen else float("nan")
-        f0 = frames_now(logdir)
-        time.sleep(5)
-        goes_on = frames_now(logdir) > f0
+        seen, detect, goes_on = detected_and_going_on(logdir, "actor 0 has sent nothing", 60, 5, before)
     finally:
         c.stop()
     return {"fault": "SIGKILL 1 of 2 actors", "detected_s": detect,
@@ -172,7 +181,6 @@ def scenario_kill_horovod_rank(base, work):
 
 
 def _procs_with(needle, logdir):
-    import psutil
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
@@ -191,7 +199,7 @@ def scenario_checkpoint_disk_full(base, work):
     try:
         c = LocalCluster(2, base, FLAGS + ["--total_environment_frames=10000000"], logdir).start()
         try:
-            first = wait_for(lambda: newest_checkpoint_frames(logdir)[0], 120)
+            wait_for(lambda: newest_checkpoint_frames(logdir)[0], 120)  # one good checkpoint before the disk fills
             fd = os.open(os.path.join(ckdir, "filler"), os.O_WRONLY | os.O_CREAT)
             try:
                 while os.write(fd, b"\0" * 65536):
@@ -200,16 +208,10 @@ def scenario_checkpoint_disk_full(base, work):
                 pass
             finally:
                 os.close(fd)
-            t_full = time.time()
-            seen = wait_for(lambda: "could not write a checkpoint" in log_text(logdir), 30)
-            detect = time.time() - t_full if seen else float("nan")
-            f0 = frames_now(logdir)
-            time.sleep(4)
-            goes_on = frames_now(logdir) > f0
+            seen, detect, goes_on = detected_and_going_on(logdir, "could not write a checkpoint", 30, 4)
         finally:
             c.stop()
         newest, _ = newest_checkpoint_frames(logdir)
-        import tensorflow as tf
         tf.train.load_checkpoint(newest)  # the previous checkpoint still reads
     finally:
         subprocess.run(["umount", ckdir], capture_output=True)
@@ -286,8 +288,7 @@ def main():
                                                      "-" if r["detected_s"] != r["detected_s"] else "%.1f s" % r["detected_s"],
                                                      r["what_happened"], r["lost"]))
     lines += ["", "Command: `.venv/bin/python bench/faults.py`"]
-    with open(os.path.join(a.out, "faults.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, "faults.md"), lines)
     print("\n".join(lines))
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -6,8 +6,8 @@
 Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
 TensorFlow reads once at import), `compute_dtype` (--compute_dtype=float32/bfloat16, the
 agent's torso) and `xla` (the update and the actor step compiled by XLA, tf.function's
-jit_compile=True, against TensorFlow's graph executor: tried, not kept). Each setting runs in its own process; the settings alternate for --rounds
-rounds and the table gives, per workload, the median time of each and the ratio of the
+jit_compile=True, against TensorFlow's graph executor: tried, not kept). Each setting runs in
+its own process; the settings alternate for --rounds rounds and the table gives, per workload, the median time of each and the ratio of the
 first setting's time to the second's measured in this invocation (> 1: the second is faster).
 The learner update runs with TensorFlow's default threads (all cores), as the learner does;
 the actor step in a process of its own with 1 thread, as actors run (--actor_threads=1).
@@ -24,8 +24,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+# Nothing but the standard library at the top: TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at
+# import, so each child imports it under its own setting; and bench/startup.py, which imports
+# this module, times a learner's imports from a bare process.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOADS = {
     "pong": ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--batch_size=32",
@@ -141,7 +143,7 @@ def main():
     if a.child:
         print(json.dumps({a.child: measure(a.child, argv, a.reps)}), flush=True)
         return 0
-    from bench import run as harness
+    from bench import common, run as harness  # not at the top: see the note on the imports
     res = {}
     for r in range(a.rounds):
         for w in a.workloads:
@@ -150,16 +152,13 @@ def main():
                     t = run_child(a.lever, setting, w, part, a.reps)
                     res.setdefault((w, part, setting[0]), []).append(t)
                     print("round %d %s %s %s: %.2f ms" % (r + 1, w, part, setting[0], 1e3 * t), flush=True)
-    out = harness.machine_dir()
-    os.makedirs(out, exist_ok=True)
-    info = harness.write_machine(out)
+    out, info = harness.results_dir()
     chosen = "" if a.workloads == list(WORKLOADS) else " --workloads " + " ".join(a.workloads)
     lines = table(a.lever, res, a.rounds, info, a.workloads) + [
         "", "Command: `.venv/bin/python bench/kernels.py %s --rounds %d%s`" % (a.lever, a.rounds, chosen), "",
         harness.machine_line(info)]
     path = os.path.join(out, a.lever + ".md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(path, lines)
     print("\n".join(lines) + "\n\nwrote " + path)
     return 0
 

@@ -20,13 +20,15 @@ import csv
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
+import numpy as np
+
 from local_cluster import LocalCluster
+from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -34,7 +36,7 @@ ROOT = os.path.dirname(HERE)
 
 def allreduce_probe(level, agent_name, iters, out_path):
     """Runs inside each mpirun rank: times the gradient allreduce of one update."""
-    import numpy as np
+    # Imported here: only the ranks need Horovod (and its TensorFlow), not the script running the clusters.
     import tensorflow as tf
     import horovod.tensorflow as hvd
     from impala import agent as agent_lib
@@ -68,12 +70,7 @@ def run_training(k, a, flags, base_port):
         time.sleep(a.seconds)
     finally:
         cluster.stop()
-    rows = []
-    path = os.path.join(logdir, "metrics.csv")
-    if os.path.exists(path):
-        rows = list(csv.DictReader(open(path)))
-    log = open(os.path.join(logdir, "logs", "learner.log")).read()
-    shutil.rmtree(logdir, ignore_errors=True)
+    rows, _, log = common.finished_run(logdir)
     fps = sorted(float(r["fps"]) for r in rows if float(r["time_s"]) >= 20)
     if not fps:
         raise RuntimeError("K=%d: no progress lines after 20 s; learner log tail:\n%s" % (k, log[-3000:]))
@@ -85,10 +82,7 @@ def main():
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--agent", default="SimpleConvNetAgent")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--actors", type=int, default=4)
-    p.add_argument("--envs_per_actor", type=int, default=4)
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--unroll_length", type=int, default=20)
+    common.cluster_args(p, actors=4, envs_per_actor=4, batch_size=16, unroll_length=20)
     p.add_argument("--seconds", type=float, default=90)
     p.add_argument("--base_port", type=int, default=18900)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -97,10 +91,8 @@ def main():
     if a.allreduce_probe:
         allreduce_probe(a.level, a.agent, 50, a.allreduce_probe)
         return 0
-    flags = ["--level_name=" + a.level, "--agent_name=" + a.agent, "--batch_size=%d" % a.batch_size,
-             "--unroll_length=%d" % a.unroll_length, "--envs_per_actor=%d" % a.envs_per_actor,
-             "--queue_capacity=%d" % (2 * a.batch_size), "--total_environment_frames=1000000000",
-             "--log_every_s=5"]
+    flags = ["--level_name=" + a.level, "--agent_name=" + a.agent] + common.cluster_flags(a) + [
+             "--queue_capacity=%d" % (2 * a.batch_size), "--total_environment_frames=1000000000", "--log_every_s=5"]
     frames_per_step = 4 if "NoFrameskip" in a.level or a.level.startswith("ALE/") else 1
     results = []
     for k in a.ranks:
@@ -140,8 +132,7 @@ def main():
                                                             r["allreduce_ms_max"]) if r["ranks"] > 1 else "-"))
     lines += ["", "Command: `.venv/bin/python bench/learner_scaling.py --ranks %s --actors %d --seconds %g`"
               % (" ".join(map(str, a.ranks)), a.actors, a.seconds)]
-    with open(os.path.join(a.out, "learner_scaling.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, "learner_scaling.md"), lines)
     print("\n".join(lines))
     return 0
 

@@ -14,17 +14,11 @@ import sys
 import time
 
 from bench import ceiling
+from bench import common
 from bench import cpu_split
 from bench import run as harness
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 LEVEL = "PongNoFrameskip-v4"
-
-
-def write(path, head, rows, tail):
-    with open(path, "w") as f:
-        f.write("\n".join(head + rows + tail) + "\n")
 
 
 def main():
@@ -37,9 +31,7 @@ def main():
     p.add_argument("--base_port", type=int, default=24500)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    out = a.out or harness.machine_dir()
-    os.makedirs(out, exist_ok=True)
-    info = harness.write_machine(out)
+    out, info = harness.results_dir(a.out)
     cores = os.cpu_count()
     py, native = ceiling.python_fps(LEVEL, cores, 20), ceiling.native_fps(LEVEL, cores, 20, env_counts=(64, 128))
     limit = max(py, native)
@@ -61,7 +53,7 @@ def main():
         rows.append("| %d | %.0f | %.2f | %.0f %% | %s |" % (n, fps, fps / limit, waited,
                                                             cpu_split.report(tb.get("cpu", {}))))
         print("%s (%.0f s)" % (rows[-1], time.time() - t0), flush=True)
-        write(path, head, rows, tail)
+        common.write_lines(path, head + rows + tail)
     print("\n".join(head + rows + tail))
     return 0
 

@@ -19,7 +19,6 @@ import argparse
 import csv
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -49,10 +48,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--frames", type=int, default=2_000_000)
-    p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--envs_per_actor", type=int, default=32)
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--unroll_length", type=int, default=20)
+    common.cluster_args(p, actors=2, envs_per_actor=32, batch_size=32, unroll_length=20)
     p.add_argument("--ceiling_s", type=float, default=20.0)
     p.add_argument("--base_port", type=int, default=18800)
     p.add_argument("--seed", type=int, default=1)
@@ -68,11 +64,9 @@ def main():
     # Defaults, then --extra's flagfiles (a recipe), then this run's own settings, then the other --extra.
     flagfiles = [e for e in a.extra if e.startswith("--flagfile=")]
     flags = ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + flagfiles + [
-        "--level_name=" + a.level, "--agent_name=SimpleConvNetAgent",
-        "--batch_size=%d" % a.batch_size, "--unroll_length=%d" % a.unroll_length,
-        "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
-        "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed] + [
-        e for e in a.extra if e not in flagfiles]
+        "--level_name=" + a.level, "--agent_name=SimpleConvNetAgent"] + common.cluster_flags(a) + [
+        "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor), "--total_environment_frames=%d" % a.frames,
+        "--log_every_s=10", "--seed=%d" % a.seed] + [e for e in a.extra if e not in flagfiles]
     # The frame size the run will use: the last --width/--height of its flags as absl reads them.
     given = expand_flagfiles(flags)
     screen = tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
@@ -87,9 +81,6 @@ def main():
     interrupted = False
     hit = None  # the first metrics row at or above --stop_at_return
 
-    def read(name, how):
-        path = os.path.join(logdir, name)
-        return how(open(path)) if os.path.exists(path) else None
     with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
         try:
             while True:
@@ -97,7 +88,7 @@ def main():
                 if code is not None:
                     break
                 if a.stop_at_return is not None:
-                    rows = read("metrics.csv", lambda f: list(csv.DictReader(f))) or []
+                    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
                     hit = next((r for r in rows if float(r["mean_return_20"]) >= a.stop_at_return), None)
                     if hit is not None:
                         print("mean return %.2f >= %g at %s frames, %.0f s: stopping" % (
@@ -110,12 +101,9 @@ def main():
     if interrupted or hit is not None:
         code = cluster.learner.returncode
     wall = time.time() - t0
-    rows = read("metrics.csv", lambda f: list(csv.DictReader(f))) or []
-    summary = read("summary.json", json.load)
-    log_tail = (read(os.path.join("logs", "learner.log"), lambda f: f.read()) or "").splitlines()[-25:]
-    shutil.rmtree(logdir, ignore_errors=True)
+    rows, summary, log = common.finished_run(logdir)
     if code != 0 or not rows or summary is None:
-        print("training failed (exit %s):\n%s" % (code, "\n".join(log_tail)))
+        print("training failed (exit %s):\n%s" % (code, "\n".join(log.splitlines()[-25:])))
         return 1
     fps = sorted(float(r["fps"]) for r in rows[1:] or rows)
     median_fps = fps[len(fps) // 2]
@@ -154,8 +142,7 @@ def main():
             a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length, a.seed,
             " --stop_at_return %g" % a.stop_at_return if a.stop_at_return is not None else "",
             "".join(" --extra=" + e for e in a.extra))]
-    with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, a.tag + ".md"), lines)
     with open(os.path.join(a.out, a.tag + ".json"), "w") as f:
         json.dump({"seed": a.seed, "ceiling_fps": ceiling_fps, "ceiling_python_fps": limit["python"],
                    "ceiling_native_fps": limit["native"], "median_fps": median_fps, "ratio": ratio,

@@ -36,6 +36,7 @@ import time
 from importlib import metadata
 
 from tools import plotcurve
+from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -140,7 +141,7 @@ def report(a, summaries):
 
 
 def plot(a, runs_dir):
-    fig, axes = plotcurve.plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = common.subplots(1, 2, figsize=(12, 4.5))
     for i, variant in enumerate(a.variants):
         paths = [os.path.join(runs_dir, f"{variant}_s{seed}", "progress.csv") for seed in a.seeds]
         paths = [x for x in paths if read_rows(os.path.dirname(x))]
@@ -154,8 +155,7 @@ def plot(a, runs_dir):
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
     fig.suptitle("HalfCheetah-v5, WALL-E PPO")
-    fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "ppo_halfcheetah.png"), dpi=100)
+    common.save_figure(fig, os.path.join(a.out, "ppo_halfcheetah.png"))
 
 
 def main():
@@ -188,8 +188,7 @@ def main():
         w.writeheader()
         w.writerows(curves)
     lines = report(a, summaries)
-    with open(os.path.join(a.out, "ppo_halfcheetah.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, "ppo_halfcheetah.md"), lines)
     print("\n".join(lines))
     plot(a, runs_dir)
     print(f"wrote {a.out}/ppo_halfcheetah.csv, .md, .png")

@@ -14,7 +14,6 @@ import argparse
 import csv
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -23,7 +22,6 @@ from local_cluster import LocalCluster, obey_ctrl_c
 from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
 def variants(capacity):
@@ -67,9 +65,7 @@ def main():
                           logdir) as cluster:
             code = cluster.wait()
         wall = time.time() - t0
-        rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
-        summary = json.load(open(os.path.join(logdir, "summary.json")))
-        shutil.rmtree(logdir, ignore_errors=True)
+        rows, summary, _ = common.finished_run(logdir)
         if code != 0:
             print("%s: learner exit code %s" % (name, code))
         unroll = 20
@@ -110,8 +106,7 @@ def main():
             r["replay_memory_mb"], r["seconds"]))
     lines += ["", "One seed per variant: differences in return smaller than the episode-to-episode spread are noise.",
               "", "Command: `.venv/bin/python bench/replay_compare.py --level %s --frames %d`" % (a.level, a.frames)]
-    with open(os.path.join(a.out, tag + ".md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, tag + ".md"), lines)
     fig, ax = common.subplots(figsize=(6, 4))
     for r in results:
         xs = [int(c["frames"]) / 1e6 for c in curves if c["variant"] == r["variant"]]

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,9 @@ import tempfile
 import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
+from bench import cartpole_impala
+from bench import ceiling
+from bench import common
 from bench import cpu_split
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,6 +79,14 @@ def versions(py):
         return {}
 
 
+def results_dir(out=None):
+    """`out` (default bench/results/<machine>/), made, with machine.json written into it:
+    (the folder, write_machine's record), for the tables that end with machine_line."""
+    out = out or machine_dir()
+    os.makedirs(out, exist_ok=True)
+    return out, write_machine(out)
+
+
 def write_machine(out):
     info = {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": gpu_model(), "platform": platform.platform(),
             "ours": versions(sys.executable), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -116,18 +126,12 @@ def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=(
         shares = cpu_split.split(before, cpu_split.snapshot(roles))
     finally:
         cluster.stop()
-    rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv")))) if os.path.exists(
-        os.path.join(logdir, "metrics.csv")) else []
-    summary = {}
-    if os.path.exists(os.path.join(logdir, "summary.json")):
-        summary = json.load(open(os.path.join(logdir, "summary.json")))
-    learner_log = os.path.join(logdir, "logs", "learner.log")
-    tail = open(learner_log).read()[-1500:] if os.path.exists(learner_log) else "(no learner log)"
-    shutil.rmtree(logdir, ignore_errors=True)
+    rows, summary, log = common.finished_run(logdir)
     fps = [float(r["fps"]) for r in rows if float(r["time_s"]) >= 20]
     if not fps:
-        raise RuntimeError("IMPALA produced no progress lines after 20 s; the learner's log ends:\n" + tail)
-    return statistics.median(fps), dict(summary.get("time_breakdown", {}), cpu=shares)
+        raise RuntimeError("IMPALA produced no progress lines after 20 s; the learner's log ends:\n"
+                           + (log[-1500:] or "(no learner log)"))
+    return statistics.median(fps), dict((summary or {}).get("time_breakdown", {}), cpu=shares)
 
 
 def ensure_peer(which):
@@ -185,12 +189,12 @@ def spread(xs):
 # Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
 # Actors: the native vector env (the default backend for Atari), 64 envs each in one group: on 2
 # cores three actor processes already overlap env stepping and inference with each other, and an
-# inference batch of 64 costs less per frame than two of 32 (actor_layout.md, 2026-11-24 fifth
-# session: 1.15-1.25x over 3 x 32 in 2 groups). The Python backend is measured beside it as the
-# before. The learner on one TensorFlow thread: on 2 cores the actors are the bottleneck, and the
-# learner on one thread left them a little more CPU (1.04x over 9 pairs, within the spread).
+# inference batch of 64 costs less per frame than two of 32 (actor_layout.md: 1.15-1.25x over
+# 3 x 32 in 2 groups). The Python backend is measured beside it as the baseline. The learner on
+# one TensorFlow thread: on 2 cores the actors are the bottleneck, and the learner on one thread
+# left them a little more CPU (1.04x over 9 pairs, within the spread).
 OURS = (3, 64, ["--compute_dtype=bfloat16", "--learner_threads=1", "--env_groups=1"])  # actors, envs each, flags
-OURS_3X32 = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # before: 2 groups of 16 per actor
+OURS_3X32 = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # 2 groups of 16 per actor: the layout OURS beat
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
@@ -210,7 +214,6 @@ PEER_ROWS = {
 
 
 def suite_throughput(a, out):
-    from bench import ceiling
     level = "PongNoFrameskip-v4"
     notes = []
     peer_error = ensure_peer("sb3")
@@ -347,7 +350,6 @@ def where_time_goes(tb):
 
 
 def suite_cartpole(a, out):
-    import cartpole_impala
     peer_error = ensure_peer("sb3")
     ours, theirs = [], []
     for seed in a.seeds:
@@ -567,8 +569,7 @@ def main():
     info = write_machine(out)  # after the suite, which installs the peers whose versions it records
     lines += ["", machine_line(info)]
     path = os.path.join(out, a.suite + ".md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(path, lines)
     print("\n".join(lines))
     print("\nwrote %s" % path)
     return 0

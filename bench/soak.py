@@ -23,7 +23,6 @@ from local_cluster import LocalCluster, obey_ctrl_c
 from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
 def sample(procs):
@@ -126,8 +125,7 @@ def main():
     for n, code in died.items():
         lines += ["", "**%s exited during the soak (code %s)**; the end of its log:" % (n, code), "", "```"]
         lines += tails.get(n, ["(no log)"]) + ["```"]
-    with open(os.path.join(a.out, "soak.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_lines(os.path.join(a.out, "soak.md"), lines)
     fig, ax = common.subplots(figsize=(7, 4))
     for name in procs:
         ax.plot([r["t_s"] / 60 for r in rows], [r[name + "_rss_mb"] for r in rows], label=name)

@@ -13,12 +13,9 @@ import time
 
 from bench import kernels  # stdlib only at import; the learner pieces come in the child
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
 
 def phases(argv):
-    """Seconds of each start-up phase, in this process."""
+    """Seconds of each start-up phase, in this process (whose imports are what is timed first)."""
     t0 = time.perf_counter()
     import tensorflow as tf
     import experiment  # noqa: F401  (defines the flags)
@@ -43,7 +40,7 @@ def main():
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(phases(sys.argv[2:])), flush=True)
         return 0
-    from bench import run as harness
+    from bench import common, run as harness  # not at the top: the child times its imports from a bare process
     names = sys.argv[1:] or ["cartpole", "pong42"]
     lines = ["| workload | " + " | ".join(["imports", "build", "trace", "first update", "steady update"]) + " |",
              "|---|---|---|---|---|---|"]
@@ -52,15 +49,12 @@ def main():
         lines.append("| %s | %s |" % (name, " | ".join("%.2f s" % t[k] for k in
                                                      ("imports", "build", "trace", "first update", "steady update"))))
         print(lines[-1], flush=True)
-    out = harness.machine_dir()
-    os.makedirs(out, exist_ok=True)
-    info = harness.write_machine(out)
+    out, info = harness.results_dir()
     text = ["# Learner start-up, one fresh process per workload, %d cores, %s" % (info["cores"], info["cpu"]), ""]
     text += lines + ["", "Command: `.venv/bin/python bench/startup.py %s`" % " ".join(names), "",
                      harness.machine_line(info)]
     path = os.path.join(out, "startup.md")
-    with open(path, "w") as f:
-        f.write("\n".join(text) + "\n")
+    common.write_lines(path, text)
     print("wrote " + path)
     return 0
 

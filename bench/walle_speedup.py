@@ -21,7 +21,6 @@ import statistics
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 # WALL-E's published collection speed-ups (HalfCheetah-v2, 20K steps/iteration), read off its figure.
 WALLE_SPEEDUP = {2: 2.0, 5: 6.2, 8: 8.2, 10: 12.3, 20: 19.5}
@@ -51,14 +50,15 @@ def main():
         p.error(f"--batch_size ({a.batch_size}) must be >= --max_n ({a.max_n})")
 
     # One BLAS thread here too (samplers get one each), so N=1 is a true one-core baseline;
-    # set before numpy loads. TensorFlow only here, in main(): spawned samplers re-import
-    # this file and must stay TF-free.
+    # set before numpy loads. These imports (numpy, TensorFlow, matplotlib) only here, in main():
+    # spawned samplers re-import this file and must stay TF-free.
     os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import envs
     from walle import samplers
     from nets.gaussian import GaussianPolicy
+    from bench import common
 
     spec = envs.env_spec(a.env)
     policy = GaussianPolicy(spec.obs_shape[0], spec.action_dim)
@@ -107,10 +107,7 @@ def main():
               f"{row['steps_per_s']:9.0f} {row['speedup']:9.2f} {row['efficiency']:6.2f} "
               f"{row['walle_speedup']!s:>7}")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = common.subplots(figsize=(6, 4.5))
     ax.plot(ns, [r["speedup"] for r in rows], "o-", label="measured (median)")
     ax.plot(ns, ns, ":", color="gray", label="linear (N)")
     ax.plot(ns, [0.9 * n for n in ns], "--", color="gray", alpha=0.5, label="0.9 N")
@@ -121,8 +118,7 @@ def main():
     ax.set_title(f"{a.env}: collection speed-up")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "walle_speedup.png"), dpi=100)
+    common.save_figure(fig, os.path.join(a.out, "walle_speedup.png"))
     print(f"\nwrote {csv_path} and walle_speedup.png")
 
 

@@ -4,7 +4,7 @@
   .peer-venv-rllib/bin/python bench/peers/rllib_appo.py pong --budget_s 7200 --frames 10000000
 
 Follows RLlib's tuned Pong example (rllib/tuned_examples/appo/pong_appo.py): ALE/Pong-v5 made
-like the old NoFrameskip-v4 (frameskip 1, repeat_action_probability 0, minimal action set),
+like PongNoFrameskip-v4 (frameskip 1, repeat_action_probability 0, minimal action set),
 RLlib's `wrap_atari_for_new_api_stack` (gray, resize, frame skip 4 with max-pool, noop reset
 30, episodic life, FIRE reset, time limit), the 4-frame stack as its env-to-module and
 learner connectors, rewards clipped, vf_loss_coeff 1.0, entropy 0.01, circular buffer of 4
@@ -39,6 +39,7 @@ server, workers), so no ray process outlives the run. Prints one JSON line; a ru
 fails prints {"error": ...} with what was tried.
 """
 import argparse
+import importlib.metadata as md
 import json
 import os
 import re
@@ -148,7 +149,6 @@ def child(a):
                     break
         first = next((t for t, _, tr, _ in rows if tr > 0), None)
         out.update(rows=rows, t0=t0, built_s=t_built - t0, first=first)
-        import importlib.metadata as md
         out["versions"] = {"ray": md.version("ray"), "torch": md.version("torch"),
                            "gymnasium": md.version("gymnasium"), "ale_py": md.version("ale-py")}
         print("RESULT " + json.dumps(out), flush=True)

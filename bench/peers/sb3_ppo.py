@@ -18,11 +18,12 @@ import time
 T_LAUNCH = time.time()  # before the imports: "from launch" includes loading torch and SB3
 
 import argparse  # noqa: E402
-import json
-import os
-import sys
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# .peer-venv-sb3 does not have this project installed: the checkout's root on the path gives it our envs package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 import numpy as np  # noqa: E402
@@ -88,8 +89,6 @@ def make(level, seed, training=True):
 
 
 def throughput(a):
-    if a.torch_threads:
-        torch.set_num_threads(a.torch_threads)
     vec = SubprocVecEnv([make(a.level, a.seed * 1000 + i) for i in range(a.n_envs)], start_method="spawn")
     vec = VecTransposeImage(vec)
     model = PPO("CnnPolicy", vec, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4,
@@ -107,8 +106,6 @@ def throughput(a):
 
 
 def cartpole(a):
-    if a.torch_threads:
-        torch.set_num_threads(a.torch_threads)
     vec = DummyVecEnv([make("CartPole-v1", a.seed * 1000 + i) for i in range(8)])
     model = PPO("MlpPolicy", vec, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                 ent_coef=0.0, learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
@@ -138,6 +135,8 @@ def main():
     p.add_argument("--total_steps", type=int, default=2_000_000)
     p.add_argument("--torch_threads", type=int, default=0, help="0: torch's default (all cores)")
     a = p.parse_args()
+    if a.torch_threads:
+        torch.set_num_threads(a.torch_threads)
     out = throughput(a) if a.suite == "throughput" else cartpole(a)
     out.update(torch=torch.__version__, sb3=__import__("stable_baselines3").__version__)
     print(json.dumps(out), flush=True)

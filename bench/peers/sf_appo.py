@@ -27,22 +27,22 @@ pong: SF's tuned Atari settings unchanged except the CPU device and 2 workers x 
   episode return (of whole games: RecordEpisodeStatistics sits outside EpisodicLife) reaches
   --target, or --frames / --budget_s run out; prints seconds to the target.
 
-Why the earlier run of this peer trained on no frame (3,040 samples in 150 s): it asked for
-`--with_vtrace=True`, and in Sample Factory 2.1.1 the learner then raises AttributeError
-('AttrDict' object has no attribute 'advantages', learner.py _record_summaries: advantages
-are only put in the batch for GAE) on its first iteration, which always records summaries.
-SF's event loop logs the exception and keeps the process alive, the batch is never
-released, and in async mode collection stops once --num_batches_to_accumulate (2) batches
-wait: about 3K samples, then nothing, with no error in the exit status. So V-trace is off
-here. (Even without the crash, V-trace with recurrence=1, the Atari default, gives all-zero
-advantages; it needs recurrence == rollout.) Two more things made it worse: SF's
-`decorrelate_envs_on_one_worker` (default on) first steps env i of a worker `rollout * i`
+Why V-trace is off: with `--with_vtrace=True`, Sample Factory 2.1.1's learner raises
+AttributeError ('AttrDict' object has no attribute 'advantages', learner.py
+_record_summaries: advantages are only put in the batch for GAE) on its first iteration,
+which always records summaries. SF's event loop logs the exception and keeps the process
+alive, the batch is never released, and in async mode collection stops once
+--num_batches_to_accumulate (2) batches wait: about 3K samples, then nothing, with no error
+in the exit status. (Even without the crash, V-trace with recurrence=1, the Atari default,
+gives all-zero advantages; it needs recurrence == rollout.) Why the throughput run sets
+`--decorrelate_envs_on_one_worker=False`: on, SF first steps env i of a worker `rollout * i`
 random steps, 32 * (0+...+31) = 15,872 steps per worker at rollout 32, 80-90 s on these 2
-shared cores before sampling starts (off here: our trainer does not do it either); and
-2.1.1's --train_for_seconds never fires (its counter is never advanced), so this runner ends
-SF itself: SIGINT to its process group after the window, SIGKILL to whatever is left.
+shared cores before sampling starts (our trainer does not do it either). Why this runner
+ends SF itself (SIGINT to its process group after the window, SIGKILL to whatever is left):
+2.1.1's --train_for_seconds never fires (its counter is never advanced).
 """
 import argparse
+import importlib.metadata as md
 import json
 import os
 import re
@@ -154,26 +154,26 @@ class Child:
         return how
 
 
-def versions():
-    import importlib.metadata as md
-    return {"sample_factory": md.version("sample-factory"), "torch": md.version("torch")}
+def emit(out, code=0):
+    """Prints the result as bench/run.py reads it (one JSON line, with SF's and torch's versions); `code`."""
+    out.update(sample_factory=md.version("sample-factory"), torch=md.version("torch"))
+    print(json.dumps(out), flush=True)
+    return code
 
 
 def error(msg, child, wall, what):
     tail = "\n".join(child.lines[-60:])
     print(tail, file=sys.stderr)
     samples = child.reports[-1][2] if child.reports else 0
-    out = {"peer": "sample_factory_appo", "error": "%s (after %.0f s, %d samples collected, exit %s; tried: %s)"
-           % (msg, wall, samples, child.proc.returncode, what)}
-    out.update(versions())
-    print(json.dumps(out), flush=True)
-    return 1
+    return emit({"peer": "sample_factory_appo", "error": "%s (after %.0f s, %d samples collected, exit %s; tried: %s)"
+                 % (msg, wall, samples, child.proc.returncode, what)}, 1)
 
 
 def run_until(flags, prefix, log, check):
     """Runs Sample Factory with `flags` in a fresh train dir, asking check(child, t0) every second
     until it answers something other than None; then stops SF and removes the dir. Returns
-    (child, check's answer, how SF stopped, wall seconds, launch time)."""
+    (child, check's answer, None where that was "" or False: a stop with nothing to report,
+    how SF stopped, wall seconds, launch time)."""
     train_dir = tempfile.mkdtemp(prefix=prefix)
     t0 = time.time()
     child = Child(flags, train_dir, log)
@@ -186,7 +186,7 @@ def run_until(flags, prefix, log, check):
         how = child.stop()
         wall = time.time() - t0
         shutil.rmtree(train_dir, ignore_errors=True)
-    return child, answer, how, wall, t0
+    return child, answer or None, how, wall, t0
 
 
 def _throughput_window(a):
@@ -212,7 +212,6 @@ def _throughput_window(a):
 def throughput(a):
     flags = THROUGHPUT_FLAGS + ["--num_workers=%d" % a.workers, "--num_envs_per_worker=%d" % a.envs_per_worker]
     child, why, how, wall, t0 = run_until(flags, "sf_peer_", a.log, _throughput_window(a))
-    why = why or None
     what = "async APPO (PPO clip + GAE; V-trace crashes 2.1.1's learner), rollout 32, batch 1024, %d workers x %d envs, convnet_impala + FC 256" % (
         a.workers, a.envs_per_worker)
     first = child.first_trained()
@@ -234,9 +233,7 @@ def throughput(a):
                     "frames = 4 x agent steps; learner lr 6e-4 constant"}
     if why is not None:
         out["notes"] += "; " + why
-    out.update(versions())
-    print(json.dumps(out), flush=True)
-    return 0
+    return emit(out)
 
 
 def _pong_end(a):
@@ -259,7 +256,6 @@ def _pong_end(a):
 def pong(a):
     flags = PONG_FLAGS + ["--num_envs_per_worker=%d" % a.envs_per_worker, "--seed=%d" % a.seed]
     child, hit, how, wall, t0 = run_until(flags, "sf_peer_pong_", a.log, _pong_end(a))
-    hit = hit or None
     first = child.first_trained()
     if first is None:
         return error("no training iteration finished", child, wall, "SF Atari defaults, CPU, 2 workers")
@@ -281,9 +277,7 @@ def pong(a):
            "notes": "return = SF's 'Avg episode reward' (mean of its last 100 whole-game episodes, as its "
                     "sampler summed them: each env's first one is partial, begun during start-up decorrelation); "
                     "training seconds from the learner's first finished iteration"}
-    out.update(versions())
-    print(json.dumps(out), flush=True)
-    return 0
+    return emit(out)
 
 
 def main():

@@ -130,10 +130,11 @@ class Progress:
         self.start = self.last_log = start
         self.last_log_frames = frames
 
-    def maybe_write(self, now, figures, st, alive):
+    def due(self, now):
+        return now - self.last_log >= self.flags.log_every_s
+
+    def write(self, now, figures, st, alive):
         """figures: frames, updates, queue_fill, replay_nbytes (or None) and the update's stats."""
-        if now - self.last_log < self.flags.log_every_s:
-            return
         frames = figures["frames"]
         fps = (frames - self.last_log_frames) / (now - self.last_log)
         self.log(progress_line(self.rank, frames, self.flags.total_environment_frames, fps, st, figures,
@@ -224,7 +225,10 @@ class Monitor:
         self.beats.check(self.stats.last_seen)
 
     def after_update(self, now, figures):
-        self.progress.maybe_write(now, figures, self.stats, self.beats.alive(self.stats.last_seen))
+        """Writes the progress output when --log_every_s has passed; figures() is called only
+        then, since it reads the queue's size from the transport server."""
+        if self.progress.due(now):
+            self.progress.write(now, figures(), self.stats, self.beats.alive(self.stats.last_seen))
 
     def close(self):
         self.progress.close()

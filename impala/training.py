@@ -48,7 +48,7 @@ class Trainer:
                 self.update(ready)
                 self.publish()
                 now = time.time()
-                self.monitor.after_update(now, self.figures())
+                self.monitor.after_update(now, self.figures)
                 self.checkpoints.maybe_save(now)
         finally:
             self.close_batches()

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from impala import transport
@@ -21,10 +22,11 @@ class Sender:
     the learner's queue is full, `send` blocks, which keeps the backpressure.
 
     An enqueue waits as long as the learner's queue stays full: a timeout would
-    cancel it half-way (TF queues keep the unrolls already inserted, so a retry
-    duplicates them) and, with several actors, a retry goes to the back of the
-    line, where a short timeout can starve one actor for minutes. Whether the learner is still there is asked separately, by a small
-    read from the waiting main thread (`check_learner`)."""
+    cancel it half-way (TF queues keep the unrolls already inserted; the learner drops
+    the retry's copies of those by their numbers) and, with several actors, a retry goes
+    to the back of the line, where a short timeout can starve one actor for minutes.
+    Whether the learner is still there is asked separately, by a small read from the
+    waiting main thread (`check_learner`)."""
 
     PROBE_AFTER_S = 10.0  # an enqueue blocked this long makes the main thread ask
     PROBE_EVERY_S = 5.0
@@ -37,6 +39,9 @@ class Sender:
         self.sent = 0
         self.error = None  # an unexpected exception of the enqueue, if any
         self.busy_since = None  # when the enqueue in progress started
+        # Its own stream of numbered unrolls (transport.RepeatFilter): a random id per sender.
+        self.sender_id = 1 + int.from_bytes(os.urandom(8), "little") % (2 ** 63 - 1)
+        self.numbered = 0
         self._next_probe, self._failures = 0.0, 0
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -72,9 +77,15 @@ class Sender:
     def send(self, buf):
         """Returns the time spent waiting for the previous unroll to go."""
         t0 = time.perf_counter()
+        item = {k: v.copy() for k, v in buf.items()}
+        if "sequence" in item:
+            n = len(item["sequence"])
+            item["sender"][:] = self.sender_id
+            item["sequence"][:] = np.arange(self.numbered + 1, self.numbered + n + 1)
+            self.numbered += n
         while not self.stopper() and self.outcome is None:
             try:
-                self.inbox.put({k: v.copy() for k, v in buf.items()}, timeout=0.5)
+                self.inbox.put(item, timeout=0.5)
                 break
             except queue.Full:
                 self.check_learner()
@@ -155,7 +166,9 @@ def reconnect(client, flags, stopper, log, why):
 def _enqueue(client, buf, stopper):
     """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'stopped'.
     The long timeout is only a backstop (Sender.check_learner notices a silent learner
-    sooner); it is never hit while the learner drains its queue."""
+    sooner); it is never hit while the learner drains its queue. When it is, the queue may
+    have taken part of the unrolls: the retry sends them all again, and the learner drops
+    the ones it already has by their numbers (transport.RepeatFilter)."""
     while not stopper():
         try:
             client.enqueue(buf, timeout_ms=ENQUEUE_BACKSTOP_MS)

@@ -82,6 +82,11 @@ def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_stat
         Field("policy_version", np.dtype(np.int64), ()),
         # Seconds the actor spent on [env steps, inference, transfer] for this unroll.
         Field("actor_timing", np.dtype(np.float32), (3,)),
+        # Exactly-once delivery: a random id per actor process and its unrolls' numbers from 1
+        # (0: unnumbered, never dropped). An enqueue that timed out after the queue took part of
+        # it is sent again whole; the learner drops what it already took (RepeatFilter).
+        Field("sender", np.dtype(np.int64), ()),
+        Field("sequence", np.dtype(np.int64), ()),
     ]
     for i, shape in enumerate(core_state_shapes):
         fields.append(Field(f"core_state_{i}", np.dtype(np.float32), tuple(shape)))
@@ -128,6 +133,46 @@ def stack_frames(frames, stack_reset):
     return obs
 
 
+PACKED_VERSION = 2  # float32 words that carry the int64 version at the end of the weights
+
+
+def pack_weights(flat_weights, version, out=None):
+    """flat weights [N] float32 + version -> [N + 2] float32, the version's bits at the end."""
+    out = np.empty(flat_weights.size + PACKED_VERSION, np.float32) if out is None else out
+    out[:-PACKED_VERSION] = flat_weights
+    out[-PACKED_VERSION:] = np.array([version], np.int64).view(np.float32)
+    return out
+
+
+def unpack_weights(packed):
+    """The inverse of pack_weights: (version, flat weights)."""
+    return int(packed[-PACKED_VERSION:].view(np.int64)[0]), packed[:-PACKED_VERSION]
+
+
+class RepeatFilter:
+    """Drops unrolls the learner already took. Each actor process numbers its unrolls
+    1, 2, ... under a random sender id and its one sending thread keeps them in order, so
+    a number at or below the sender's highest one so far is a repeat: part of an enqueue
+    that timed out after a partial accept and was sent again whole."""
+
+    def __init__(self):
+        self.highest = {}
+        self.dropped = 0
+
+    def keep(self, senders, sequences):
+        """A boolean mask over the unrolls of one dequeue, in queue order."""
+        mask = np.ones(len(senders), bool)
+        for i, (sender, seq) in enumerate(zip(senders.tolist(), sequences.tolist())):
+            if seq <= 0:
+                continue  # unnumbered
+            if seq <= self.highest.get(sender, 0):
+                mask[i] = False
+            else:
+                self.highest[sender] = seq
+        self.dropped += int(len(mask) - mask.sum())
+        return mask
+
+
 class _Graph:
     """The transport graph: identical on learner and actors."""
 
@@ -144,19 +189,46 @@ class _Graph:
             self.enqueue = self.queue.enqueue_many(self.placeholders)
             self.size = self.queue.size()
             self.dequeue_n = v1.placeholder_with_default(tf.constant(batch_size), [], name="dequeue_n")
-            self.dequeue = self.queue.dequeue_many(self.dequeue_n)
+            self._staged_take(spec)
             self.close = self.queue.close(cancel_pending_enqueues=True)
-            self.weights = v1.Variable(tf.zeros([spec.weights_size]), name="weights",
+            # The version rides at the end of the weights (PACKED_VERSION float32 words holding
+            # its int64 bits), so one read of one variable gives weights and version together;
+            # the separate version variable is the cheap "anything new?" probe.
+            self.weights = v1.Variable(tf.zeros([spec.weights_size + PACKED_VERSION]), name="weights",
                                        use_resource=True, trainable=False)
             self.version = v1.Variable(tf.constant(-1, tf.int64), name="weights_version",
                                        use_resource=True, trainable=False)
-            self.weights_in = v1.placeholder(tf.float32, [spec.weights_size])
+            self.weights_in = v1.placeholder(tf.float32, [spec.weights_size + PACKED_VERSION])
             self.version_in = v1.placeholder(tf.int64, [])
             with tf.control_dependencies([self.weights.assign(self.weights_in)]):
                 self.publish = self.version.assign(self.version_in)
             self.read_version = self.version.read_value()
             self.read_weights = self.weights.read_value()
-            self.init = v1.initializers.variables([self.weights, self.version])
+            self.init = v1.initializers.variables(
+                [self.weights, self.version, self.staged_token] + list(self.staged.values()))
+
+    def _staged_take(self, spec):
+        """`take`: dequeue_n unrolls, moved into server-side variables under a token in the
+        same step, then read from them. A retry with the same token (its first answer lost,
+        gRPC's resend refused) reads the unrolls already taken instead of taking new ones,
+        so no batch is lost between the queue and the learner."""
+        self.token_in = v1.placeholder(tf.int64, [], name="take_token")
+        self.staged_token = v1.Variable(tf.constant(-1, tf.int64), name="staged_token",
+                                        use_resource=True, trainable=False)
+        self.staged = {f.name: v1.Variable(tf.zeros((0,) + f.shape, tf.as_dtype(f.dtype)),
+                                           shape=tf.TensorShape([None] + list(f.shape)),
+                                           name="staged_" + f.name, use_resource=True, trainable=False)
+                       for f in spec.fields}
+
+        def take_new():
+            unrolls = self.queue.dequeue_many(self.dequeue_n)
+            with tf.control_dependencies([self.staged[k].assign(unrolls[k]) for k in spec.names]):
+                return self.staged_token.assign(self.token_in, read_value=True)
+
+        done = tf.cond(tf.not_equal(self.staged_token.read_value(), self.token_in), take_new,
+                       self.staged_token.read_value)
+        with tf.control_dependencies([done]):
+            self.take = {k: self.staged[k].read_value() for k in spec.names}
 
 
 class LearnerTransport:
@@ -176,12 +248,16 @@ class LearnerTransport:
         self.sess = v1.Session(self.server.target, graph=self._g.graph, config=config)
         self.sess.run(self._g.init)
         self.capacity = capacity
+        self._packed = np.empty(spec.weights_size + PACKED_VERSION, np.float32)
+        self.repeats = RepeatFilter()
+        self._held = None  # unique unrolls of a batch still short of its size after dropping repeats
+        self._token = 0
 
     def _run(self, fetches, feed=None, tries=5):
         """sess.run that retries AbortedError: under heavy load gRPC may resend a request,
         and TF's worker then rejects the copy ("The same RunGraph request was received
-        twice"). Size reads and weight publishing are idempotent; a dequeue that failed
-        this way took nothing from the queue."""
+        twice"), though the first copy may have run. Size reads and weight publishing are
+        idempotent, and a dequeue's retry reads what its first run took (_Graph.take)."""
         for attempt in range(tries):
             try:
                 return self.sess.run(fetches, feed)
@@ -193,7 +269,8 @@ class LearnerTransport:
                 time.sleep(0.05 * (attempt + 1))
 
     def publish(self, flat_weights: np.ndarray, version: int):
-        self._run(self._g.publish, {self._g.weights_in: flat_weights, self._g.version_in: version})
+        packed = pack_weights(flat_weights, version, self._packed)
+        self._run(self._g.publish, {self._g.weights_in: packed, self._g.version_in: version})
 
     def size(self) -> int:
         return int(self._run(self._g.size))
@@ -206,9 +283,28 @@ class LearnerTransport:
         dequeue_many never blocks; that keeps the learner responsive to signals
         and lets it notice when no actor is sending."""
         n = self.batch_size if n is None else int(n)
-        if self.size() < n:
-            return None
-        return self._run(self._g.dequeue, {self._g.dequeue_n: n})
+        while True:
+            held = 0 if self._held is None else len(self._held["sequence"])
+            if self.size() < n - held:
+                return None
+            self._token += 1
+            got = self._run(self._g.take, {self._g.dequeue_n: n - held, self._g.token_in: self._token})
+            got = self._without_repeats(got)
+            if self._held is not None:
+                got = {k: np.concatenate([self._held[k], v]) for k, v in got.items()}
+            if len(got["sequence"]) == n:
+                self._held = None
+                return got
+            self._held = got  # repeats were dropped: top up from the queue
+
+    def _without_repeats(self, got):
+        mask = self.repeats.keep(got["sender"], got["sequence"])
+        if mask.all():
+            return got
+        print("[transport] WARNING: dropped %d repeated unroll(s) (an enqueue that timed out after the "
+              "queue took part of it was sent again); %d in all" % (len(mask) - mask.sum(), self.repeats.dropped),
+              flush=True)
+        return {k: v[mask] for k, v in got.items()}
 
     def close(self):
         """Closes the queue: blocked and later enqueues fail, so actors stop."""
@@ -287,8 +383,7 @@ class ActorClient:
         version = int(self.sess.run(self._g.read_version, options=opts))
         if version == self.version:
             return None
-        version, weights = self.sess.run([self._g.read_version, self._g.read_weights], options=opts)
-        self.version = int(version)
+        self.version, weights = unpack_weights(self.sess.run(self._g.read_weights, options=opts))
         return self.version, weights
 
     def alive(self, timeout_ms: int = 3000) -> bool:

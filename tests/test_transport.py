@@ -5,6 +5,7 @@ import threading
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from impala import sender as sender_lib
 from impala import transport
@@ -160,6 +161,7 @@ def test_atari_unrolls_arrive_bit_for_bit_and_time_major():
                 sent[f.name] = rng.integers(0, 200, size=shape).astype(f.dtype)
             else:
                 sent[f.name] = rng.normal(size=shape).astype(f.dtype)
+        sent["sequence"] = np.arange(1, E + 1)  # numbered as a Sender numbers them
         client.enqueue(sent, timeout_ms=30000)
         got = server.try_dequeue(E)
         assert got is not None
@@ -172,3 +174,128 @@ def test_atari_unrolls_arrive_bit_for_bit_and_time_major():
     finally:
         client.reset()
         server.close()
+
+
+def _numbered_batch(spec, actor_id, seq):
+    buf = _batch(spec, actor_id, seq)
+    buf.pop("sender"), buf.pop("sequence")  # the Sender numbers them
+    return dict(buf, sender=np.zeros(E, np.int64), sequence=np.zeros(E, np.int64))
+
+
+def test_enqueues_that_time_out_after_a_partial_accept_deliver_each_unroll_once(monkeypatch):
+    """The real backstop path, shortened: a queue of 4 drained 2 unrolls every 0.4 s keeps
+    each 8-unroll enqueue past a 0.3 s backstop, so TensorFlow's queue keeps part of it and
+    the sender sends all 8 again, several times per send. The learner gets every unroll
+    exactly once, in each actor's order, and counts the repeats it dropped."""
+    monkeypatch.setattr(sender_lib, "ENQUEUE_BACKSTOP_MS", 300)
+    spec = _spec()
+    port = _free_base_port()
+    learner = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=4, batch_size=2)
+    learner.publish(np.zeros(10, np.float32), 0)
+    sends_per_actor, stop, senders = 3, threading.Event(), []
+
+    def run_actor(actor_id):
+        client = transport.ActorClient("127.0.0.1:%d" % port, spec, 4, 2)
+        assert client.connect(30)
+        sender = sender_lib.Sender(client, stop.is_set)
+        senders.append(sender)
+        for seq in range(sends_per_actor):
+            sender.send(_numbered_batch(spec, actor_id, seq))
+        sender.drain(timeout_s=60)
+
+    threads = [threading.Thread(target=run_actor, args=(a,), daemon=True) for a in (1, 2)]
+    for t in threads:
+        t.start()
+    got, want, deadline = [], 2 * sends_per_actor * E, time.time() + 90
+    while len(got) < want and time.time() < deadline:
+        batch = learner.try_dequeue(2)
+        if batch is None:
+            time.sleep(0.02)
+            continue
+        got.extend(batch["policy_version"].tolist())
+        time.sleep(0.4)
+    time.sleep(1.0)  # a repeat still arriving would show up as queue content
+    extra = learner.try_dequeue(1)
+    stop.set()
+    learner.close()
+    for t in threads:
+        t.join(10)
+    assert learner.repeats.dropped > 0, "no enqueue timed out after a partial accept: the test did not test"
+    assert extra is None, "an unroll arrived after all were delivered"
+    assert len(got) == want and len(set(got)) == want, "got %d, %d unique, of %d" % (len(got), len(set(got)), want)
+    for a in (1, 2):
+        mine = [g for g in got if g // 100000 == a]
+        assert mine == sorted(mine), "actor %d's unrolls out of order" % a
+    assert all(s.outcome is None for s in senders)
+
+
+def test_weights_and_their_version_are_read_together():
+    """A publish landing between reading the version and reading the weights must not give
+    an actor new-version numbers with old weights: every fetched pair matches."""
+    size = 2_000_000  # a read long enough for publishes to land inside it
+    spec = transport.make_unroll_spec((2,), np.float32, 3, T, [], size)
+    port = _free_base_port()
+    learner = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=4, batch_size=2)
+    learner.publish(np.zeros(size, np.float32), 0)
+    halt = threading.Event()
+
+    def publish_forever():
+        v = 0
+        while not halt.is_set():
+            v += 1
+            learner.publish(np.full(size, v, np.float32), v)
+
+    publisher = threading.Thread(target=publish_forever, daemon=True)
+    publisher.start()
+    client = transport.ActorClient("127.0.0.1:%d" % port, spec, 4, 2)
+    assert client.connect(30)
+    mismatched, fetched, deadline = [], 0, time.time() + 8
+    try:
+        while time.time() < deadline and fetched < 1000:
+            new = client.fetch_weights_if_new()
+            if new is None:
+                continue
+            fetched += 1
+            version, weights = new
+            if weights[0] != version or weights[-1] != version:
+                mismatched.append((version, float(weights[0]), float(weights[-1])))
+    finally:
+        halt.set()
+        publisher.join(10)
+        learner.close()
+    assert fetched > 20
+    assert not mismatched, "%d of %d fetches had weights of another version, e.g. %s" % (
+        len(mismatched), fetched, mismatched[:3])
+
+
+class _AnswerLost:
+    """The learner's session with one fault injected: the dequeue runs, then its answer is
+    lost and the retry refused ("The same RunGraph request was received twice")."""
+
+    def __init__(self, sess, take):
+        self.sess, self.take, self.faults = sess, take, 0
+
+    def run(self, fetches, feed=None, **kw):
+        out = self.sess.run(fetches, feed, **kw)
+        if fetches is self.take and self.faults == 0:
+            self.faults += 1
+            raise tf.errors.AbortedError(None, None, "The same RunGraph request was received twice")
+        return out
+
+
+def test_a_dequeue_retried_after_a_lost_answer_loses_nothing():
+    spec = _spec()
+    port = _free_base_port()
+    learner = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=16, batch_size=2)
+    learner.publish(np.zeros(10, np.float32), 0)
+    client = transport.ActorClient("127.0.0.1:%d" % port, spec, 16, 2)
+    assert client.connect(30)
+    client.enqueue(_batch(spec, 1, 0))
+    learner.sess = _AnswerLost(learner.sess, learner._g.take)
+    got = []
+    for _ in range(E // 2):
+        batch = learner.try_dequeue(2)
+        got.extend([] if batch is None else batch["policy_version"].tolist())
+    learner.close()
+    assert learner.sess.faults == 1
+    assert got == [100000 + i for i in range(E)], "a retried dequeue lost or repeated unrolls: %s" % got

@@ -155,10 +155,16 @@ class Learner:
                 ret_norm.update(tf.stop_gradient(loss_lib.vtrace_targets(out, batch, self.flags).vs), average)
         return batch, 1.0 if ret_norm is None else ret_norm.std()
 
+    def scheduled_learning_rate(self):
+        """--learning_rate, falling linearly to 0 at --total_environment_frames with
+        --learning_rate_decay=linear, at the frames counted so far."""
+        if self.flags.learning_rate_decay != "linear":
+            return tf.constant(self.flags.learning_rate, tf.float32)
+        frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
+        return self.flags.learning_rate * tf.maximum(frac, 0.0)
+
     def _step(self, batch, new_frames):
-        if self.flags.learning_rate_decay == "linear":  # to 0 over total_environment_frames
-            frac = 1.0 - tf.cast(self.num_env_frames, tf.float32) / float(self.flags.total_environment_frames)
-            self.learning_rate.assign(self.flags.learning_rate * tf.maximum(frac, 0.0))
+        self.learning_rate.assign(self.scheduled_learning_rate())
         batch, value_scale = self._batch_start(batch)
         # --num_sgd_iter passes over the batch, each in --num_minibatches gradient steps on
         # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
@@ -213,8 +219,15 @@ class Learner:
 
     # -- checkpoints ----------------------------------------------------
     def restore(self, path):
-        """Restores agent, optimizer and counters; returns the prefix used."""
+        """Restores agent, optimizer and counters; returns the prefix used. The learning rate
+        is the one flag value a checkpoint carries (the optimizer's variable): the command
+        line wins over it, as for every flag."""
         prefix = restore_newest_readable(self.ckpt, path, full=True)
+        saved_rate = float(self.learning_rate.numpy())
+        self.learning_rate.assign(self.scheduled_learning_rate())
+        if abs(saved_rate - self.flags.learning_rate) > 1e-12 and self.flags.learning_rate_decay == "none":
+            print("[learner %d] learning rate %g from --learning_rate (the checkpoint had %g)"
+                  % (self.rank, self.flags.learning_rate, saved_rate), flush=True)
         replay_state = os.path.join(os.path.dirname(prefix), "replay_state.pkl")
         if self.mixer is not None and os.path.exists(replay_state):
             try:

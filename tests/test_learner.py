@@ -318,6 +318,20 @@ def test_learning_rate_decay(tmp_path, decay, expected):
     assert float(lrn.learning_rate.numpy()) == pytest.approx(expected)
 
 
+def test_a_resume_takes_the_learning_rate_from_the_command_line(tmp_path):
+    """The optimizer's learning-rate variable is in the checkpoint; with
+    --learning_rate_decay=none a resume with a new --learning_rate must train with the new one."""
+    def make(rate, folder):
+        f = _experiment_defaults(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=2, unroll_length=3,
+                                 learning_rate=rate, learning_rate_decay="none", total_environment_frames=100)
+        return learner.Learner(f, str(tmp_path / folder))
+    prefix = make(1e-3, "first").save()
+    resumed = make(2.5e-4, "resumed")
+    resumed.restore(prefix)
+    assert float(resumed.learning_rate.numpy()) == pytest.approx(2.5e-4)
+    assert float(resumed.optimizer.learning_rate.numpy()) == pytest.approx(2.5e-4)
+
+
 def test_a_time_limit_bootstraps_from_the_actors_value():
     """done with timeout_value V: the target at that step is r + gamma V (a time limit is
     not a terminal state); without it, r alone."""

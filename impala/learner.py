@@ -105,17 +105,22 @@ class Learner:
         return max(1, self.mixer.live_needed())
 
     def to_tensors(self, batch):
-        """The update's input: time-major tensors of a [B, ...] batch."""
-        return {k: tf.constant(v) for k, v in to_time_major(batch, self.spec.names).items()}
+        """The update's input: time-major tensors of a [B, ...] batch, with "fresh" [B]: the
+        unrolls trained on for the first time (all of them without replay)."""
+        tensors = {k: tf.constant(v) for k, v in to_time_major(batch, self.spec.names).items()}
+        fresh = batch.get("fresh")
+        tensors["fresh"] = tf.ones([len(batch["action"])], tf.bool) if fresh is None else tf.constant(fresh)
+        return tensors
 
     def make_batch(self, live):
-        """The training batch ([B, ...] arrays) from the live unrolls (and replay)."""
+        """The training batch ([B, ...] arrays) from the live unrolls (and replay); with
+        replay, "fresh" [B] marks the unrolls that come from the queue, not from a buffer."""
         if self.mixer is None:
             return live
         items = replay_lib.split_batch(live)
         chosen = self.mixer.sample(items, self._features_fn)
         self.mixer.add(items, self._features_fn)
-        return replay_lib.stack_items(chosen)
+        return dict(replay_lib.stack_items(chosen), fresh=np.array(self.mixer.last_fresh, bool))
 
     # -- one update -----------------------------------------------------
     def _core_state(self, batch):
@@ -141,18 +146,20 @@ class Learner:
         (--normalize_observations, --normalize_returns; with several ranks by their mean
         moments), and with --clip_ratio_to=batch_start pi_old, the policy before this batch's
         first step, is fixed. Returns the batch (with "old_logits") and the error scale of the
-        baseline (compute_losses' value_scale)."""
+        baseline (compute_losses' value_scale). Only the fresh unrolls move the statistics: a
+        replayed one was counted when it was new."""
         average = (lambda t: hvd.allreduce(t, op=hvd.Average)) if self.size > 1 else None
         obs_norm, ret_norm = self.agent.obs_normaliser, self.agent.return_normaliser
+        fresh = batch.get("fresh")
         if obs_norm is not None:
-            obs_norm.update(nets.preprocess_observation(batch["observation"][:-1]), average)
+            obs_norm.update(nets.preprocess_observation(batch["observation"][:-1]), average, fresh)
         anchored = self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
         if anchored or ret_norm is not None:
             out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
             if anchored:
                 batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
             if ret_norm is not None:  # the value targets as the batch arrived
-                ret_norm.update(tf.stop_gradient(loss_lib.vtrace_targets(out, batch, self.flags).vs), average)
+                ret_norm.update(tf.stop_gradient(loss_lib.vtrace_targets(out, batch, self.flags).vs), average, fresh)
         return batch, 1.0 if ret_norm is None else ret_norm.std()
 
     def scheduled_learning_rate(self):
@@ -207,8 +214,8 @@ class Learner:
         """A time-major batch of zeros with every field the transport delivers, as the
         training loop passes it to the update."""
         b = self.flags.batch_size if batch_size is None else batch_size
-        return to_time_major({f.name: np.zeros((b,) + f.shape, f.dtype) for f in self.spec.fields},
-                             self.spec.names)
+        return dict(to_time_major({f.name: np.zeros((b,) + f.shape, f.dtype) for f in self.spec.fields},
+                                  self.spec.names), fresh=np.ones(b, bool))
 
     def warm_up(self):
         """Traces the update for a batch of the run's shapes without running it (no weight

@@ -609,6 +609,7 @@ class ReplayMixer:
         self.buffers = [b for b in self.sources if isinstance(b, _Buffer)]
         self._ratios = np.array([s.sample_ratio for s in specs], np.float64)
         self._carry = np.zeros(len(specs), np.float64)
+        self.last_fresh = []
 
     def counts(self):
         """Items per source (in spec order) for the next batch; sums to batch_size."""
@@ -647,10 +648,11 @@ class ReplayMixer:
                 "%d freshly dequeued unrolls" % (len(live_items), len(pool) - len(live_items), need,
                                                  self.batch_size))
         self._carry += self._ratios * self.batch_size - np.array(counts)
-        out, used = [], 0
+        out, used, fresh = [], 0, []
         if self.queue:
             n = counts[self.queue.index]
             out += pool[:n]
+            fresh += [True] * len(pool[:n])
             used = n
             self.queue.drawn += n
         ref_cache = {}
@@ -668,8 +670,10 @@ class ReplayMixer:
             got = b.sample(n, self.rng, features_fn, reference)
             short = n - len(got)
             out += got + pool[used:used + short]
+            fresh += [False] * len(got) + [True] * len(pool[used:used + short])
             used += short
             b.from_live += short
+        self.last_fresh = fresh  # which of the batch's unrolls are new to training, not replayed
         if self.queue:  # keep the newest unused live unrolls, up to capacity
             cap = self.queue.spec.capacity
             keep = pool[used:][-cap:]

@@ -143,9 +143,12 @@ def finish(learner, tp, trainer, reason, exit_code, logdir, log):
     log("[learner %d] %s after %d frames (%.0f s); checkpoint %s" % (rank, reason, frames, elapsed, path))
     log("[learner %d] final weights sha256 %s" % (rank, hashlib.sha256(learner.flat_weights().tobytes()).hexdigest()))
     log(report["text"])
+    if tp.repeats.dropped:
+        log("[learner %d] %d repeated unroll(s) dropped (re-sent after an enqueue timed out)" % (rank, tp.repeats.dropped))
     if learner.is_chief:
         summary = {"reason": reason, "frames": frames, "elapsed_s": elapsed, "mean_return_20": st.mean_return(),
-                   "episodes": st.episodes, "checkpoint": path, "time_breakdown": report["numbers"]}
+                   "episodes": st.episodes, "checkpoint": path, "time_breakdown": report["numbers"],
+                   "repeated_unrolls_dropped": tp.repeats.dropped}
         write_summary(learner, summary, logdir, log)
     trainer.monitor.close()
     # Give actors a moment to see the closed queue before the server goes away.

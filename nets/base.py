@@ -72,17 +72,22 @@ class RunningNormaliser(snt.Module):
     def denormalise(self, y):
         return y * self.std() + self.mean
 
-    def update(self, x, average=None):
+    def update(self, x, average=None, mask=None):
         """Folds the moments of x [T, B, *shape] into the running ones (Chan et al.'s
-        parallel formula). `average` (Horovod's allreduce mean over the learner ranks) makes
-        every rank fold in the same moments, so their statistics stay identical."""
-        n = tf.cast(tf.reduce_prod(tf.shape(x)[:2]), tf.float64)
-        mean, mean_sq = tf.reduce_mean(x, axis=[0, 1]), tf.reduce_mean(tf.square(x), axis=[0, 1])
-        if average is not None:
-            mean, mean_sq = average(mean), average(mean_sq)  # n: samples per rank, the same on each
+        parallel formula). mask [B] (0/1): the unrolls whose samples count, so that a
+        replayed unroll, already counted when it was new, does not weigh again; all when
+        None. `average` (Horovod's allreduce mean over the learner ranks) makes every rank
+        fold in the same moments, so their statistics stay identical."""
+        m = tf.ones(tf.shape(x)[1:2]) if mask is None else tf.cast(mask, tf.float32)
+        per = tf.reshape(m, tf.concat([[1, -1], tf.ones([len(self.mean.shape)], tf.int32)], 0))
+        n = tf.cast(tf.shape(x)[0], tf.float32) * tf.reduce_sum(m)
+        total_x, total_sq = tf.reduce_sum(x * per, axis=[0, 1]), tf.reduce_sum(tf.square(x) * per, axis=[0, 1])
+        if average is not None:  # n: the mean samples per rank
+            n, total_x, total_sq = average(n), average(total_x), average(total_sq)
+        mean, mean_sq = total_x / tf.maximum(n, 1.0), total_sq / tf.maximum(n, 1.0)
         var = tf.maximum(mean_sq - tf.square(mean), 0.0)
-        total = self.count + n
-        w = tf.cast(n / total, tf.float32)  # the batch's weight
+        total = self.count + tf.cast(n, tf.float64)
+        w = tf.cast(tf.cast(n, tf.float64) / total, tf.float32)  # the batch's weight; 0 with nothing fresh
         delta = mean - self.mean
         self.var.assign((1 - w) * self.var + w * var + tf.square(delta) * w * (1 - w))
         self.mean.assign(self.mean + delta * w)

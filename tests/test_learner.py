@@ -280,6 +280,28 @@ def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(
     np.testing.assert_array_equal(restored.agent.return_normaliser.var.numpy(), ret.var.numpy())
 
 
+def test_replayed_unrolls_do_not_move_the_statistics_again(tmp_path):
+    """With half of each batch from replay, the observation and return statistics count each
+    unroll once, when it is new: T samples per fresh unroll, none per replayed one."""
+    replay = ('[{"type":"queue","capacity":1,"sample_ratio":0.5},'
+              '{"type":"standard","capacity":16,"sample_ratio":0.5}]')
+    f = _experiment_defaults(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=5,
+                             replay_parameters=replay, normalize_observations=True, normalize_returns=True,
+                             total_environment_frames=10 ** 6)
+    lrn = learner.Learner(f, str(tmp_path))
+    rng = np.random.default_rng(0)
+    fed = 0
+    for _ in range(4):
+        n = lrn.live_needed()
+        live = {fld.name: np.zeros((n,) + fld.shape, fld.dtype) for fld in lrn.spec.fields}
+        live["observation"][:] = rng.normal(size=live["observation"].shape)
+        lrn._train_step(lrn.to_tensors(lrn.make_batch(live)), tf.constant(n * 5, tf.int64))
+        fed += n
+    assert fed < 4 * 4  # replay filled part of the later batches
+    assert float(lrn.agent.obs_normaliser.count.numpy()) == 1 + 5 * fed
+    assert float(lrn.agent.return_normaliser.count.numpy()) == 1 + 5 * fed
+
+
 def test_minibatches_must_divide_the_batch():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",

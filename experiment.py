@@ -132,6 +132,9 @@ flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon, inside the square root as i
 flags.DEFINE_string("replay_parameters", '[{"type": "queue", "capacity": 1, "sample_ratio": 1}]',
                     "JSON list of batch sources (queue = live unrolls, standard, custom) with "
                     "capacity and sample_ratio; see docs/replay.md. The default is no replay.")
+flags.DEFINE_bool("checkpoint_replay", False, "Also checkpoint what the replay buffers hold (lz4-compressed, "
+                  "one file per rank and checkpoint), so a resumed replay run samples from the same buffers; "
+                  "without it a resume refills them from live unrolls. Size and time: docs/replay.md.")
 flags.DEFINE_float("log_every_s", 10.0, "Seconds between progress lines and TensorBoard points.")
 flags.DEFINE_float("checkpoint_every_s", 600.0, "Seconds between checkpoints.")
 flags.DEFINE_float("actor_timeout_s", 60.0, "A learner that got nothing from its actors for this "
@@ -148,7 +151,7 @@ RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name"
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
-             "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
+             "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
              "vtrace_lambda", "normalize_advantages", "weight_init", "compute_dtype", "normalize_observations",
              "normalize_returns"]
 

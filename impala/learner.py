@@ -8,7 +8,6 @@ batch, as in scalable_agent). The loop around it is training.py.
 Rank 0 alone writes checkpoints.
 """
 import os
-import pickle
 
 import numpy as np
 import sonnet as snt
@@ -18,12 +17,16 @@ import nets
 from impala import agent as agent_lib
 from impala import loss as loss_lib
 from impala import replay as replay_lib
+from impala import replay_files
 from impala.batches import minibatch, to_time_major
 
 try:  # Horovod is optional for a single learner
     import horovod.tensorflow as hvd
 except ImportError:  # pragma: no cover - install.sh always installs it
     hvd = None
+
+
+KEEP_CHECKPOINTS = 3  # the newest ones; an unreadable newest falls back to the next
 
 
 def make_optimizer(flags, learning_rate, variables):
@@ -74,7 +77,7 @@ class Learner:
                                         num_env_frames=self.num_env_frames,
                                         update_step=self.update_step)
         self.ckpt_dir = os.path.join(logdir, "checkpoints")
-        self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=3)
+        self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=KEEP_CHECKPOINTS)
         # autograph=False: nothing here branches on tensors, and autograph's conversion of every
         # function the update calls was most of CartPole's 4 s trace (bench/results/<machine>/startup.md).
         self._train_step = tf.function(self._step, autograph=False)
@@ -90,7 +93,6 @@ class Learner:
             self.mixer = replay_lib.ReplayMixer(
                 specs, flags.batch_size, seed=flags.seed * 1000 + rank,
                 total_updates=max(1, flags.total_environment_frames // self.live_frames_per_update))
-        self.replay_state_path = os.path.join(self.ckpt_dir, "replay_state.pkl")
         # Prioritised sampling/insertion needs the current policy's features; uniform does not.
         self._features_fn = self.features if self.mixer is not None and any(
             b.spec.sample_strategy != "uniform" or b.spec.insert_strategy != "fifo"
@@ -235,27 +237,22 @@ class Learner:
         if abs(saved_rate - self.flags.learning_rate) > 1e-12 and self.flags.learning_rate_decay == "none":
             print("[learner %d] learning rate %g from --learning_rate (the checkpoint had %g)"
                   % (self.rank, self.flags.learning_rate, saved_rate), flush=True)
-        replay_state = os.path.join(os.path.dirname(prefix), "replay_state.pkl")
-        if self.mixer is not None and os.path.exists(replay_state):
-            try:
-                with open(replay_state, "rb") as f:  # a local file this program wrote
-                    self.mixer.load_state_dict(pickle.load(f))
-            except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:
-                print("WARNING: %s not used (%s); replay starts empty" % (replay_state, e), flush=True)
+        if self.mixer is not None:
+            replay_files.load(self.mixer, prefix, self.rank)
         return prefix
 
     def save(self):
+        """Every rank saves its replay state (when it has replay), named after the
+        checkpoint it belongs to; rank 0 alone then writes the checkpoint (the weights are
+        the same on every rank). Returns the checkpoint's prefix on rank 0, else None."""
+        step = int(self.update_step.numpy())
+        if self.mixer is not None:  # first: a checkpoint never lacks the replay state it names
+            replay_files.save(self.mixer, self.ckpt_dir, step, self.rank, self.flags.checkpoint_replay,
+                              KEEP_CHECKPOINTS)
         if self.is_chief:
             # CheckpointManager writes data files first and then atomically
             # replaces the `checkpoint` index, so a torn write is never newest.
-            path = self.manager.save(checkpoint_number=int(self.update_step.numpy()))
-            if self.mixer is not None:
-                # Counters, RNG and schedules of the replay (not its contents).
-                tmp = self.replay_state_path + ".tmp"
-                with open(tmp, "wb") as f:
-                    pickle.dump(self.mixer.state_dict(), f)
-                os.replace(tmp, self.replay_state_path)
-            return path
+            return self.manager.save(checkpoint_number=step)
         return None
 
     def flat_weights(self):
@@ -313,12 +310,16 @@ def save_or_report(learner, log, rank):
 
 
 class CheckpointTimer:
-    """A checkpoint every --checkpoint_every_s (a failed save is reported; training goes on)."""
+    """A checkpoint every --checkpoint_every_s (a failed save is reported; training goes on).
+    The ranks agree on when (training.Trainer), so each rank's replay file is written for the
+    same checkpoint."""
 
     def __init__(self, learner, every_s, rank, log, start):
         self.learner, self.every_s, self.rank, self.log, self.last = learner, every_s, rank, log, start
 
-    def maybe_save(self, now):
-        if now - self.last >= self.every_s:
-            save_or_report(self.learner, self.log, self.rank)
-            self.last = now
+    def due(self, now):
+        return now - self.last >= self.every_s
+
+    def save(self, now):
+        save_or_report(self.learner, self.log, self.rank)
+        self.last = now

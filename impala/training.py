@@ -43,13 +43,15 @@ class Trainer:
         try:
             while True:
                 ready = self.wait_for_batch()
-                if self.all_ranks_stop(ready is None):
+                stop, save = self.all_ranks_agree(ready is None, self.checkpoints.due(time.time()))
+                if stop:
                     return self.stop_reason()
                 self.update(ready)
                 self.publish()
                 now = time.time()
                 self.monitor.after_update(now, self.figures)
-                self.checkpoints.maybe_save(now)
+                if save:
+                    self.checkpoints.save(now)
         finally:
             self.close_batches()
 
@@ -66,12 +68,14 @@ class Trainer:
                     self.monitor.waiting()
         return ready
 
-    def all_ranks_stop(self, local_stop):
+    def all_ranks_agree(self, local_stop, local_save):
         """All ranks agree, once per update, whether to stop (a rank that looped back
-        alone would deadlock the others' gradient allreduce)."""
+        alone would deadlock the others' gradient allreduce) and whether to checkpoint
+        after this update (each rank's replay file must belong to the same checkpoint)."""
         if self.size == 1:
-            return local_stop
-        return bool(hvd.allreduce(tf.constant(int(local_stop)), op=hvd.Max, name="stop_flag").numpy())
+            return local_stop, local_save
+        both = hvd.allreduce(tf.constant([int(local_stop), int(local_save)]), op=hvd.Max, name="stop_flag")
+        return bool(both[0]), bool(both[1])
 
     def stop_reason(self):
         if self.stop():

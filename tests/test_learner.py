@@ -302,6 +302,71 @@ def test_replayed_unrolls_do_not_move_the_statistics_again(tmp_path):
     assert float(lrn.agent.return_normaliser.count.numpy()) == 1 + 5 * fed
 
 
+_REPLAY = ('[{"type":"queue","capacity":1,"sample_ratio":0.5},'
+           '{"type":"standard","capacity":16,"sample_ratio":0.5}]')
+
+
+def _replay_learner(path, rank=0, size=1, **kw):
+    f = _experiment_defaults(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=5,
+                             replay_parameters=_REPLAY, total_environment_frames=10 ** 6, **kw)
+    return learner.Learner(f, str(path), rank, size)
+
+
+def _feed_replay(lrn, updates, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(updates):
+        n = lrn.live_needed()
+        live = {fld.name: np.zeros((n,) + fld.shape, fld.dtype) for fld in lrn.spec.fields}
+        live["observation"][:] = rng.normal(size=live["observation"].shape)
+        lrn.make_batch(live)
+        lrn.update_step.assign_add(1)
+
+
+def test_a_resume_that_falls_back_gets_the_replay_state_of_its_own_checkpoint(tmp_path):
+    """Two checkpoints with different replay RNG states; the newest one unreadable: the
+    resume from the older one must draw as the older one's replay would have, and each rank
+    must get its own stream back (not rank 0's)."""
+    ranks = [_replay_learner(tmp_path, rank=r, size=2) for r in (0, 1)]
+    states = {}
+    for step in (1, 2):
+        for lrn in ranks:
+            _feed_replay(lrn, 1, seed=step)
+            lrn.save()
+            states[step, lrn.rank] = lrn.mixer.rng.bit_generator.state
+    assert states[1, 1] != states[2, 1] and states[1, 0] != states[1, 1]
+    with open(ranks[0].manager.latest_checkpoint + ".index", "wb") as fh:
+        fh.write(b"torn")
+    for rank in (0, 1):
+        resumed = _replay_learner(tmp_path / ("resumed%d" % rank), rank=rank, size=2)
+        prefix = resumed.restore(str(tmp_path))
+        assert prefix.endswith("ckpt-1")  # the older one
+        assert resumed.mixer.rng.bit_generator.state == states[1, rank]
+
+
+def test_checkpoint_replay_brings_the_buffer_contents_back(tmp_path):
+    """--checkpoint_replay: the stored unrolls, their sample counts and the queue's carried
+    unrolls come back with the checkpoint; without it the buffers start empty."""
+    from impala import replay_files
+    lrn = _replay_learner(tmp_path, checkpoint_replay=True)
+    _feed_replay(lrn, 5, seed=0)
+    before, stored = replay_files.digest(lrn.mixer), replay_files.stored_unrolls(lrn.mixer)
+    prefix = lrn.save()
+    assert stored > 4
+    resumed = _replay_learner(tmp_path / "resumed", checkpoint_replay=True)
+    resumed.restore(prefix)
+    assert replay_files.digest(resumed.mixer) == before
+    assert replay_files.stored_unrolls(resumed.mixer) == stored
+    item_a, item_b = lrn.mixer.buffers[0].item(3), resumed.mixer.buffers[0].item(3)
+    for k in item_a:
+        np.testing.assert_array_equal(item_a[k], item_b[k])
+    plain = _replay_learner(tmp_path / "plain")
+    _feed_replay(plain, 5, seed=0)
+    fresh = _replay_learner(tmp_path / "plain-resumed")
+    fresh.restore(plain.save())
+    assert replay_files.stored_unrolls(fresh.mixer) == 0
+    assert fresh.mixer.rng.bit_generator.state == plain.mixer.rng.bit_generator.state
+
+
 def test_minibatches_must_divide_the_batch():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.join(root, "experiment.py"), "--level_name=CartPole-v1",

@@ -2,11 +2,15 @@
 import csv
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from impala import replay_files
 from local_cluster import LocalCluster
 from tests.test_experiment import CARTPOLE, _free_base_port, _no_leftovers, _run_experiment
 
@@ -58,10 +62,54 @@ def test_elite_replay_run_with_evaluator(tmp_path):
     # Live frames only: after the buffer has filled, 4 live unrolls x 20 steps per update.
     assert summary["frames"] <= 24000 + 8 * 20
     assert updates * 8 * 20 > summary["frames"] * 1.5, "replayed unrolls must not count as new frames"
-    assert os.path.exists(os.path.join(logdir, "checkpoints", "replay_state.pkl"))
+    final = summary["checkpoint"]  # the replay state saved with it, named after it
+    assert os.path.exists(replay_files.path_for(os.path.dirname(final), int(final.rsplit("-", 1)[1]), 0))
     rows = list(csv.DictReader(open(os.path.join(logdir, "eval.csv"))))
     assert rows and all(int(r["episodes"]) == 2 for r in rows)
     assert all(float(r["mean_return"]) >= 8 for r in rows)  # a CartPole episode lasts >= 8 steps
+
+
+def _wait_for_frames(c, logdir, frames, timeout):
+    metrics, deadline, got = os.path.join(logdir, "metrics.csv"), time.time() + timeout, 0
+    while time.time() < deadline and got < frames:
+        time.sleep(1)
+        assert c.learner.poll() is None, open(os.path.join(logdir, "logs", "learner.log")).read()
+        rows = open(metrics).read().splitlines()[1:] if os.path.exists(metrics) else []
+        got = int(rows[-1].split(",")[1]) if rows else 0
+    assert got >= frames, "training did not advance: %d frames" % got
+
+
+def test_checkpoint_replay_resumes_after_ctrl_c_with_the_same_buffer(tmp_path):
+    """A replay run with --checkpoint_replay stopped with SIGINT writes the buffer's unrolls
+    with its final checkpoint; the resume (train_w_load, the flag restored from the run's
+    options) starts from exactly those contents: the same count and digest."""
+    logdir, base = str(tmp_path / "run"), _free_base_port()
+    replay = json.dumps([{"type": "queue", "capacity": 1, "sample_ratio": 0.5},
+                         {"type": "standard", "capacity": 64, "sample_ratio": 0.5, "compress": True}])
+    c = LocalCluster(2, base, CARTPOLE + ["--total_environment_frames=10000000", "--replay_parameters=" + replay,
+                                          "--checkpoint_replay", "--checkpoint_every_s=3"], logdir).start()
+    try:
+        _wait_for_frames(c, logdir, 8000, 150)
+        os.killpg(c.learner.pid, signal.SIGINT)
+        assert c.wait(timeout=60) == 0
+    finally:
+        c.stop()
+    _no_leftovers(c)
+    first = open(os.path.join(logdir, "logs", "learner.log")).read()
+    saved = re.findall(r"replay contents checkpointed: (\d+) unrolls.*digest (\w+)", first)
+    assert len(saved) >= 2, first  # the periodic ones and the one at the stop
+    frames = json.load(open(os.path.join(logdir, "summary.json")))["frames"]
+    c2 = LocalCluster(2, base, ["--mode=train_w_load", "--load_model_url=" + logdir,
+                                "--total_environment_frames=%d" % (frames + 2000)], logdir).start()
+    try:
+        assert c2.wait(timeout=150) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()
+    finally:
+        c2.stop()
+    _no_leftovers(c2)
+    second = open(os.path.join(logdir, "logs", "learner.log")).read()
+    restored = re.search(r"replay state of ckpt-\d+ restored: (\d+) unrolls stored, digest (\w+)", second)
+    assert restored and restored.groups() == saved[-1], (saved[-1], second)
+    assert int(saved[-1][0]) >= 64  # a full buffer (plus the carried live unrolls) came back
 
 
 def _write(path, obj):

@@ -141,6 +141,10 @@ flags.DEFINE_float("actor_timeout_s", 60.0, "A learner that got nothing from its
                    "long says so.")
 flags.DEFINE_float("exit_when_no_actors_s", 0.0, "Learner exits (code 4) after this long without "
                    "data; 0 = wait forever.")
+flags.DEFINE_float("actor_enqueue_backstop_s", 120.0, "How long one enqueue may wait on a full queue before "
+                   "it is cancelled and sent again (the learner drops the part it already took). Only a "
+                   "backstop: a silent learner is found sooner by small reads.")
+flags.register_validator("actor_enqueue_backstop_s", lambda v: v > 0, message="must be > 0")
 flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreachable learner for "
                    "this long, with backoff, then exit.")
 

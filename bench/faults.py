@@ -18,6 +18,12 @@ Scenarios:
                         readable. (Needs mount; skipped where it is not allowed.)
   truncated_checkpoint  the newest checkpoint's data file cut in half: train_w_load warns
                         and resumes from the previous one.
+  partial_accept        a queue smaller than an actor's enqueue and a 0.05 s enqueue backstop:
+                        enqueues time out after the queue took part of them and are sent
+                        again whole; the learner drops the repeats by their numbers.
+  resume_fallback_replay a replay run with --checkpoint_replay whose newest checkpoint is
+                        cut in half: the resume falls back to the previous checkpoint and gets
+                        that checkpoint's replay buffer (same digest), not the newest one's.
 
 Writes bench/results/faults.md and .csv.
 """
@@ -249,9 +255,75 @@ def scenario_truncated_checkpoint(base, work):
             "lost": "the frames between the two newest checkpoints", "ok": bool(warned and m and code == 0)}
 
 
+def scenario_partial_accept(base, work):
+    logdir = os.path.join(work, "partial_accept")
+    c = LocalCluster(2, base, FLAGS + ["--total_environment_frames=30000", "--queue_capacity=8",
+                                       "--envs_per_actor=12", "--actor_enqueue_backstop_s=0.05"], logdir).start()
+    try:
+        code = c.wait(timeout=240)
+    finally:
+        c.stop()
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    resent = sum(int(m) for i in range(2) for m in re.findall(r"(\d+) enqueue\(s\) sent again",
+                                                                log_text(logdir, "actor_%d.log" % i)))
+    dropped = summary.get("repeated_unrolls_dropped", 0)
+    return {"fault": "partial accept, then the whole enqueue sent again (12 unrolls per enqueue, queue of 8, "
+                     "0.05 s backstop)", "detected_s": 0.0,
+            "what_happened": "actors sent %d enqueues again after the backstop cancelled them (some after the queue "
+                             "had taken part); the learner dropped %d repeated unrolls by their numbers and stopped "
+                             "at %d frames for a 30000 budget (exit %s)"
+                             % (resent, dropped, summary["frames"], code),
+            "lost": "nothing; the repeats were dropped before training (unroll-by-unroll count: "
+                    "tests/test_transport.py)", "ok": bool(code == 0 and resent > 0 and dropped > 0)}
+
+
+def scenario_resume_fallback_replay(base, work):
+    logdir = os.path.join(work, "fallback_replay")
+    replay = json.dumps([{"type": "queue", "capacity": 1, "sample_ratio": 0.5},
+                         {"type": "standard", "capacity": 64, "sample_ratio": 0.5}])
+    c = LocalCluster(2, base, FLAGS + ["--total_environment_frames=30000", "--checkpoint_every_s=1",
+                                       "--replay_parameters=" + replay, "--checkpoint_replay"], logdir).start()
+    try:
+        c.wait(timeout=180)
+    finally:
+        c.stop()
+    saved = dict(re.findall(r"replay contents of (ckpt-\d+) checkpointed: .*digest (\w+)", log_text(logdir)))
+    newest, _ = newest_checkpoint_frames(logdir)
+    data = glob.glob(newest + ".data-*")[0]
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    c2 = LocalCluster(2, base, ["--mode=train_w_load", "--load_model_url=" + logdir,
+                                "--total_environment_frames=40000"], logdir).start()
+    try:
+        code = c2.wait(timeout=180)
+    finally:
+        c2.stop()
+    m = re.search(r"replay state of (ckpt-\d+) restored: \d+ unrolls stored, digest (\w+)", log_text(logdir))
+    same = bool(m and saved.get(m.group(1)) == m.group(2))
+    return {"fault": "newest checkpoint of a --checkpoint_replay run cut in half", "detected_s": 0.0,
+            "what_happened": "the resume skipped %s and restored %s with its own replay buffer (digest %s %s the "
+                             "one saved with it; exit %s)" % (os.path.basename(newest), m.group(1) if m else "?",
+                                                               m.group(2) if m else "?",
+                                                               "equal to" if same else "NOT", code),
+            "lost": "the frames between the two newest checkpoints", "ok": bool(same and code == 0)}
+
+
 SCENARIOS = {"kill_actor": scenario_kill_actor, "kill_learner": scenario_kill_learner,
              "kill_horovod_rank": scenario_kill_horovod_rank, "checkpoint_disk_full": scenario_checkpoint_disk_full,
-             "truncated_checkpoint": scenario_truncated_checkpoint}
+             "truncated_checkpoint": scenario_truncated_checkpoint, "partial_accept": scenario_partial_accept,
+             "resume_fallback_replay": scenario_resume_fallback_replay}
+
+
+def _merged(rows, path):
+    """This invocation's rows, with the earlier rows of the scenarios not run this time (--only)."""
+    old = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                old[r["scenario"]] = dict(r, ok=r["ok"] == "True", detected_s=float(r["detected_s"]),
+                                          seconds=float(r["seconds"]))
+    new = {r["scenario"]: r for r in rows}
+    return [new.get(n) or old[n] for n in SCENARIOS if n in new or n in old]
 
 
 def main():
@@ -276,6 +348,7 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     os.makedirs(a.out, exist_ok=True)
+    rows = _merged(rows, os.path.join(a.out, "faults.csv"))
     with open(os.path.join(a.out, "faults.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["scenario", "fault", "ok", "detected_s", "what_happened", "lost", "seconds"])
         w.writeheader()

@@ -177,7 +177,8 @@ def run(flags, task, log=print):
 def _send_until_stopped(actor, stop):
     """The unroll loop; returns (unrolls sent, whether the learner was given up on)."""
     task, log = actor.task, actor.log
-    sender, sent_before, gave_up = sender_lib.Sender(actor.client, stop), 0, False
+    backstop_ms = int(actor.flags.actor_enqueue_backstop_s * 1000)
+    sender, sent_before, resent_before, gave_up = sender_lib.Sender(actor.client, stop, backstop_ms), 0, 0, False
     while not stop():
         why = None
         if not actor.read_weights():
@@ -198,8 +199,11 @@ def _send_until_stopped(actor, stop):
                 gave_up = not stop()
                 break
             if sender.outcome is not None:  # a new session needs a new sender
-                sent_before += sender.sent
-                sender = sender_lib.Sender(actor.client, stop)
+                sent_before, resent_before = sent_before + sender.sent, resent_before + sender.resent
+                sender = sender_lib.Sender(actor.client, stop, backstop_ms)
     sender.drain()
     sender.close()
+    if resent_before + sender.resent:
+        log("actor %d: %d enqueue(s) sent again after waiting %.1f s on a full queue (the learner drops what it "
+            "already took)" % (task, resent_before + sender.resent, backstop_ms / 1000))
     return sent_before + sender.sent, gave_up

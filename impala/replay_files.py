@@ -35,8 +35,8 @@ def save(mixer, ckpt_dir, step, rank, contents, keep, log=print):
         pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, path)
     if contents:
-        log("[learner %d] replay contents checkpointed: %d unrolls, %.1f MB in memory, %.1f MB on disk, %.2f s, "
-            "digest %s" % (rank, stored_unrolls(mixer), mixer.nbytes() / 1e6, os.path.getsize(path) / 1e6,
+        log("[learner %d] replay contents of ckpt-%d checkpointed: %d unrolls, %.1f MB in memory, %.1f MB on disk, "
+            "%.2f s, digest %s" % (rank, step, stored_unrolls(mixer), mixer.nbytes() / 1e6, os.path.getsize(path) / 1e6,
                            time.time() - t0, digest(mixer)))
     _prune(ckpt_dir, rank, keep)
     return path

@@ -32,8 +32,10 @@ class Sender:
     PROBE_EVERY_S = 5.0
     PROBE_FAILURES = 2  # consecutive unanswered probes that mean "lost"
 
-    def __init__(self, client, stopper):
+    def __init__(self, client, stopper, backstop_ms=None):
         self.client, self.stopper = client, stopper
+        self.backstop_ms = backstop_ms  # None: ENQUEUE_BACKSTOP_MS
+        self.resent = 0  # enqueues sent again after the backstop cancelled them
         self.inbox = queue.Queue(maxsize=1)
         self.outcome = None  # set to 'closed' / 'lost' by the thread or by check_learner
         self.sent = 0
@@ -53,7 +55,7 @@ class Sender:
                 return
             self.busy_since = time.time()
             try:
-                outcome = _enqueue(self.client, item, self.stopper)
+                outcome = self._enqueue(item)
             except Exception as e:  # never die silently: a dead sender would stall the actor
                 outcome, self.error = "lost", e
             self.busy_since = None
@@ -62,6 +64,15 @@ class Sender:
             elif outcome != "stopped" and self.outcome is None:
                 self.outcome = outcome
             self.inbox.task_done()
+
+    def _enqueue(self, buf):
+        """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'stopped'."""
+        while not self.stopper():
+            outcome = _enqueue(self.client, buf, self.backstop_ms or ENQUEUE_BACKSTOP_MS)
+            if outcome != "resend":
+                return outcome
+            self.resent += 1
+        return "stopped"
 
     def check_learner(self):
         """Called while waiting on the sender: marks the learner lost when an enqueue
@@ -163,23 +174,21 @@ def reconnect(client, flags, stopper, log, why):
     return connect(client, flags.actor_reconnect_timeout_s, stopper, log)
 
 
-def _enqueue(client, buf, stopper):
-    """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'stopped'.
+def _enqueue(client, buf, backstop_ms):
+    """'sent', 'closed' (learner finished), 'lost' (learner unreachable) or 'resend'.
     The long timeout is only a backstop (Sender.check_learner notices a silent learner
     sooner); it is never hit while the learner drains its queue. When it is, the queue may
     have taken part of the unrolls: the retry sends them all again, and the learner drops
     the ones it already has by their numbers (transport.RepeatFilter)."""
-    while not stopper():
-        try:
-            client.enqueue(buf, timeout_ms=ENQUEUE_BACKSTOP_MS)
-            return "sent"
-        except tf.errors.DeadlineExceededError:
-            if not client.alive():  # a dead learner also times out: it answers nothing
-                return "lost"
-            continue  # queue full for a long time: the learner is the bottleneck; keep waiting
-        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
-            return "closed"
-        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.FailedPreconditionError,
-                tf.errors.NotFoundError, tf.errors.InternalError, tf.errors.UnknownError):
+    try:
+        client.enqueue(buf, timeout_ms=backstop_ms)
+        return "sent"
+    except tf.errors.DeadlineExceededError:
+        if not client.alive():  # a dead learner also times out: it answers nothing
             return "lost"
-    return "stopped"
+        return "resend"  # queue full for a long time: the learner is the bottleneck; keep waiting
+    except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+        return "closed"
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.FailedPreconditionError,
+            tf.errors.NotFoundError, tf.errors.InternalError, tf.errors.UnknownError):
+        return "lost"

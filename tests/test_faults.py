@@ -38,6 +38,14 @@ def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path):
     _check(faults.scenario_truncated_checkpoint(_free_base_port(), str(tmp_path)))
 
 
+def test_a_resume_that_falls_back_gets_that_checkpoints_replay_buffer(tmp_path):
+    _check(faults.scenario_resume_fallback_replay(_free_base_port(), str(tmp_path)))
+
+
+def test_enqueues_cut_by_the_backstop_are_not_trained_twice(tmp_path):
+    _check(faults.scenario_partial_accept(_free_base_port(), str(tmp_path)))
+
+
 @pytest.mark.slow
 def test_killed_horovod_rank_stops_run_then_resumes(tmp_path):
     _check(faults.scenario_kill_horovod_rank(_free_base_port(), str(tmp_path)))

@@ -79,6 +79,15 @@ def _wait_for_frames(c, logdir, frames, timeout):
     assert got >= frames, "training did not advance: %d frames" % got
 
 
+def _wait_for_log(logdir, text, timeout):
+    path, deadline = os.path.join(logdir, "logs", "learner.log"), time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(path) and text in open(path).read():
+            return
+        time.sleep(0.5)
+    raise AssertionError("no %r in the learner log after %d s" % (text, timeout))
+
+
 def test_checkpoint_replay_resumes_after_ctrl_c_with_the_same_buffer(tmp_path):
     """A replay run with --checkpoint_replay stopped with SIGINT writes the buffer's unrolls
     with its final checkpoint; the resume (train_w_load, the flag restored from the run's
@@ -90,13 +99,14 @@ def test_checkpoint_replay_resumes_after_ctrl_c_with_the_same_buffer(tmp_path):
                                           "--checkpoint_replay", "--checkpoint_every_s=3"], logdir).start()
     try:
         _wait_for_frames(c, logdir, 8000, 150)
+        _wait_for_log(logdir, "replay contents of ckpt-", 60)  # a periodic one, before the one at the stop
         os.killpg(c.learner.pid, signal.SIGINT)
         assert c.wait(timeout=60) == 0
     finally:
         c.stop()
     _no_leftovers(c)
     first = open(os.path.join(logdir, "logs", "learner.log")).read()
-    saved = re.findall(r"replay contents checkpointed: (\d+) unrolls.*digest (\w+)", first)
+    saved = re.findall(r"replay contents of ckpt-\d+ checkpointed: (\d+) unrolls.*digest (\w+)", first)
     assert len(saved) >= 2, first  # the periodic ones and the one at the stop
     frames = json.load(open(os.path.join(logdir, "summary.json")))["frames"]
     c2 = LocalCluster(2, base, ["--mode=train_w_load", "--load_model_url=" + logdir,

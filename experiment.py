@@ -343,7 +343,6 @@ def run_test():
     """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std."""
     import numpy as np
     import tensorflow as tf
-    import envs
     from impala import agent as agent_lib
     from impala import evaluator
     from impala import learner as learner_lib
@@ -353,12 +352,12 @@ def run_test():
                                            normalize_observations=FLAGS.normalize_observations,
                                            normalize_returns=FLAGS.normalize_returns)
     prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
-    env = envs.make_env(FLAGS.level_name, seed=FLAGS.seed + 12345, training=False,
-                        render_mode="rgb_array" if FLAGS.render else None, frame_size=agent_lib.frame_size_of(FLAGS))
+    # the env the actors step (--env_backend), so the policy sees the observations it was trained on
+    env = evaluator.EvalEnv(FLAGS.level_name, FLAGS.env_backend, FLAGS.seed + 12345,
+                            agent_lib.frame_size_of(FLAGS), render=FLAGS.render)
     frames = []
     if FLAGS.render:
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-        env.reset()
         try:
             env.render()
         except Exception as e:  # e.g. MuJoCo without an OpenGL context on a headless machine
@@ -377,13 +376,14 @@ def run_test():
 
     start = time.time()
     returns, lengths = evaluator.play_episodes(
-        policy, agent, env, FLAGS.test_num_episodes, seed=FLAGS.seed + 12345,
+        policy, agent, env, FLAGS.test_num_episodes,
         on_episode=lambda rs, ls: log("[test] episode %d/%d: return %.1f, length %d"
                                       % (len(rs), FLAGS.test_num_episodes, rs[-1], ls[-1])))
     env.close()
-    result = {"checkpoint": prefix, "level_name": FLAGS.level_name, "episodes": len(returns),
-              "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
-              "mean_length": float(np.mean(lengths)), "seconds": time.time() - start}
+    result = {"checkpoint": prefix, "level_name": FLAGS.level_name, "env_backend": env.backend,
+              "episodes": len(returns), "mean_return": float(np.mean(returns)),
+              "std_return": float(np.std(returns)), "mean_length": float(np.mean(lengths)),
+              "seconds": time.time() - start}
     log("[test] %s: mean return %.2f +- %.2f over %d episodes (checkpoint %s)"
         % (FLAGS.level_name, result["mean_return"], result["std_return"], len(returns), prefix))
     run_dir = source if os.path.isdir(source) else os.path.dirname(os.path.dirname(prefix))

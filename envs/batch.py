@@ -21,9 +21,16 @@ timeout_value bootstrap. Observations are [E, H, W, 4] uint8 as the nets take th
 interleaved by OpenCV's merge, about 0.035 ms for 32 envs at 84x84).
 
 Two differences of the native backend, both inside ALE's own reset: it presses FIRE
-once after the no-ops (the factory's FireReset presses FIRE then UP), and after a lost
-life it presses nothing (the factory presses FIRE and UP again), so in Breakout the agent
-launches the ball itself. Pong has no lives and no ball to launch.
+once, for one frame, before the no-ops (the factory's FireReset presses FIRE then UP after
+them, each for a whole agent step), and after a lost life it presses nothing (the factory
+presses FIRE and UP again), so in Breakout the agent launches the ball itself. Pong has no
+lives and no ball to launch. A new game's stack differs too: C-1 black frames and the first
+frame here, C copies of the first frame in the factory's FrameStack. The evaluator and
+--mode=test step the same backend as the actors (impala.evaluator.EvalEnv), so they see
+these semantics too.
+
+`make_batch(..., render=True)` adds `batch.render()`: each env's screen in colour (RGB
+[210, 160, 3] for Atari), for --mode=test's GIF.
 """
 from typing import NamedTuple
 
@@ -60,12 +67,14 @@ def resolve_backend(backend, level_name):
 
 
 def make_batch(backend, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE, threads=1,
-               max_episode_frames=None):
+               max_episode_frames=None, render=False):
     """The batch of num_envs envs; env i is seeded with seed + i. max_episode_frames: Atari's
-    time limit in emulator frames (None: ALE's 108,000)."""
+    time limit in emulator frames (None: ALE's 108,000). render: the batch also has render()."""
     if resolve_backend(backend, level_name) == "native":
-        return NativeAtariBatch(level_name, num_envs, seed, training, frame_size, threads, max_episode_frames)
-    return PythonBatch(level_name, num_envs, seed, training, frame_size, max_episode_frames)
+        cls = RenderedNativeAtariBatch if render else NativeAtariBatch
+        return cls(level_name, num_envs, seed, training, frame_size, threads, max_episode_frames)
+    return PythonBatch(level_name, num_envs, seed, training, frame_size, max_episode_frames,
+                       render_mode="rgb_array" if render else None)
 
 
 def _empty_result(n):
@@ -77,10 +86,11 @@ class PythonBatch:
     """E envs of envs.make_env, stepped one after the other in this thread."""
 
     def __init__(self, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE,
-                 max_episode_frames=None):
+                 max_episode_frames=None, render_mode=None):
         self.num_envs = num_envs
         self.envs = [envs.make_env(level_name, seed=seed + i, training=training, frame_size=frame_size,
-                                   max_episode_frames=max_episode_frames) for i in range(num_envs)]
+                                   max_episode_frames=max_episode_frames, render_mode=render_mode)
+                     for i in range(num_envs)]
         self._seed = seed
         self._actions = None
 
@@ -109,13 +119,20 @@ class PythonBatch:
             reward[i], done[i] = r, terminated or truncated
         return StepResult(reward, done, cut, final_obs, ended, ret, length)
 
+    def render(self):
+        """Each env's screen (gymnasium's env.render(); needs make_batch(..., render=True))."""
+        return [env.render() for env in self.envs]
+
     def close(self):
         for env in self.envs:
             env.close()
 
 
+ALE_SCREEN = (160, 210)  # (width, height) of every Atari game's screen
+
+
 def ale_vector_env(level_name, num_envs, threads, frame_size=envs.FRAME_SIZE, max_episode_frames=None,
-                   stack_num=envs.FRAME_STACK):
+                   stack_num=envs.FRAME_STACK, grayscale=True):
     """ale-py's AtariVectorEnv for a gymnasium Atari id, with the factory's preprocessing and
     same-step autoreset. Lives are followed by NativeAtariBatch: a lost life must not reset."""
     from ale_py.vector_env import AtariVectorEnv
@@ -124,7 +141,7 @@ def ale_vector_env(level_name, num_envs, threads, frame_size=envs.FRAME_SIZE, ma
     sticky = envs.V5_REPEAT_ACTION_PROBABILITY if level_name.startswith("ALE/") else 0.0
     return AtariVectorEnv(
         spec.kwargs["game"], num_envs, num_threads=threads, frameskip=envs.FRAME_SKIP, stack_num=stack_num,
-        img_height=height, img_width=width, grayscale=True, maxpool=True, noop_max=envs.NOOP_MAX,
+        img_height=height, img_width=width, grayscale=grayscale, maxpool=True, noop_max=envs.NOOP_MAX,
         repeat_action_probability=sticky, reward_clipping=False, use_fire_reset=True,
         episodic_life=False, life_loss_info=False,
         max_num_frames_per_episode=max_episode_frames or spec.kwargs.get("max_num_frames_per_episode", 108_000),
@@ -148,9 +165,12 @@ class NativeAtariBatch:
     def num_actions(self):
         return int(self.env.single_action_space.n)
 
-    def reset(self, obs_out):
+    def _ale_seed(self):
         # ALE seeds an env only with a seed > 0 (0 would leave it random): shift by one.
-        obs, info = self.env.reset(seed=self._seed + 1)
+        return self._seed + 1
+
+    def reset(self, obs_out):
+        obs, info = self.env.reset(seed=self._ale_seed())
         self._lives[:] = info["lives"]
         self._return[:], self._length[:] = 0.0, 0
         self._frames = np.zeros((envs.FRAME_STACK, self.num_envs) + obs.shape[2:], np.uint8)
@@ -205,3 +225,37 @@ class NativeAtariBatch:
     def close(self):
         self.env.close()
 
+
+class RenderedNativeAtariBatch(NativeAtariBatch):
+    """NativeAtariBatch that also shows each env's screen in colour (render()). ale-py's vector env
+    gives no screens, so a twin vector env, RGB at the full 210x160, gets the same seeds and the
+    same actions: ALE is deterministic given its seed (no-ops and sticky actions included), so
+    the twin plays the very same games. Its frames are max-pooled over the last two, as the
+    agent's are. Twice the emulation: for --mode=test's GIF, not for training."""
+
+    def __init__(self, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE, threads=1,
+                 max_episode_frames=None):
+        super().__init__(level_name, num_envs, seed, training, frame_size, threads, max_episode_frames)
+        self._twin = ale_vector_env(level_name, num_envs, threads, ALE_SCREEN, max_episode_frames,
+                                    stack_num=1, grayscale=False)
+        self._screens = None  # [E, 210, 160, 3] uint8, the twin's newest frames
+
+    def reset(self, obs_out):
+        super().reset(obs_out)
+        self._screens = self._twin.reset(seed=self._ale_seed())[0][:, 0]
+
+    def send(self, actions):
+        super().send(actions)
+        self._twin.send(np.asarray(actions, np.int32))
+
+    def recv(self, obs_out):
+        self._screens = self._twin.recv()[0][:, 0]
+        return super().recv(obs_out)
+
+    def render(self):
+        """Each env's screen now, RGB [210, 160, 3] uint8 (copies: ale-py may reuse its buffers)."""
+        return [s.copy() for s in self._screens]
+
+    def close(self):
+        super().close()
+        self._twin.close()

@@ -269,7 +269,8 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     """Returns the wrapped env for `env_id`.
 
     training: Atari only: a lost life ends the episode (the game goes on).
-      Use training=False for evaluation.
+      Use training=False for evaluation, where the actors step these envs (a policy trained
+      through envs.batch's native backend is evaluated through it: impala.evaluator.EvalEnv).
     seed: when given, the env is reset once with it and its action space is
       seeded, so later plain reset() calls follow a reproducible sequence.
     render_mode: gymnasium's, e.g. "rgb_array" (env.render() returns the frame).

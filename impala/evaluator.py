@@ -1,6 +1,6 @@
 """Evaluation apart from training: the evaluator worker (--job_name=evaluator) plays greedy episodes
 with the newest published weights at intervals, and `play_episodes` plays whole episodes with one
-env for it and for --mode=test."""
+env (`EvalEnv`) for it and for --mode=test."""
 import os
 import time
 
@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import envs
 import nets
+from envs import batch as env_batch
 from impala import agent as agent_lib
 from impala import sender as sender_lib
 from impala import transport
@@ -19,21 +20,49 @@ EVAL_COLUMNS = ("time", "policy_version", "episodes", "mean_return", "std_return
 EVAL_TAGS = {"mean_return": "charts/eval_mean_return", "mean_length": "charts/eval_mean_length"}
 
 
-def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=None, seed=None):
-    """Plays n whole episodes (as info["episode"] reports them) with one env.
+class EvalEnv:
+    """One env stepped exactly as the training actors step theirs: a 1-env envs.batch of the backend
+    --env_backend resolves to for the level (for Atari by default ale-py's native vector env, whose
+    new games start with black frames in the stack and press FIRE alone), so a policy is scored on
+    the observations it was trained on. training=False: a lost life is no episode boundary; the
+    recurrent state and `first` follow whole games. Games follow one another across calls of
+    play_episodes, each new one started by the env's own seeded randomness.
+    render: render() gives the screen (RGB; for --mode=test's GIF)."""
+
+    def __init__(self, level_name, env_backend, seed, frame_size=envs.FRAME_SIZE, render=False):
+        spec = envs.env_spec(level_name, frame_size)
+        self.backend = env_batch.resolve_backend(env_backend, level_name)  # 'native' or 'python'
+        self.batch = env_batch.make_batch(self.backend, level_name, 1, seed, training=False,
+                                          frame_size=frame_size, render=render)
+        self.obs = np.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)  # [1, ...]: the observation now
+        self.batch.reset(self.obs)
+
+    def step(self, action):
+        """Plays one agent step; self.obs becomes the next observation (a new game's first one
+        where the game ended). Returns the batch's StepResult (fields of one row)."""
+        self.batch.send(np.array([action], np.int32))
+        return self.batch.recv(self.obs)
+
+    def render(self):
+        return self.batch.render()[0]
+
+    def close(self):
+        self.batch.close()
+
+
+def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=None):
+    """Plays n whole episodes (games, all lives) with an EvalEnv, from where it stands (a game's
+    start, unless a previous call was stopped inside one).
     policy(obs[1, ...], first[1], state) -> (action[1], state). Returns (returns, lengths)."""
     returns, lengths = [], []
-    obs, _ = env.reset(seed=seed)
     first, state = True, agent.initial_state(1)
     while len(returns) < n and not should_stop():
-        action, state = policy(tf.constant(obs[None]), tf.constant([first]), state)
-        obs, _, terminated, truncated, info = env.step(int(action.numpy()[0]))
-        first = terminated or truncated
-        if first:
-            obs, _ = env.reset()
-        if "episode" in info:
-            returns.append(float(np.asarray(info["episode"]["r"])))
-            lengths.append(int(np.asarray(info["episode"]["l"])))
+        action, state = policy(tf.constant(env.obs), tf.constant([first]), state)
+        result = env.step(int(action.numpy()[0]))
+        first = bool(result.done[0])
+        if result.episode_end[0]:
+            returns.append(float(result.episode_return[0]))
+            lengths.append(int(result.episode_length[0]))
             if on_episode is not None:
                 on_episode(returns, lengths)
     return returns, lengths
@@ -56,8 +85,7 @@ def run_evaluator(flags, logdir, log=print):
     stop = StopSignal()
     agent, spec, _ = agent_lib.build_from_flags(flags)  # the queue's spec, as actors send
     set_weights = agent_lib.make_weight_setter(nets.published_variables(agent))
-    env = envs.make_env(flags.level_name, seed=flags.seed + 777, training=False,
-                        frame_size=agent_lib.frame_size_of(flags))
+    env = EvalEnv(flags.level_name, flags.env_backend, flags.seed + 777, agent_lib.frame_size_of(flags))
     client = transport.ActorClient(flags.learner_hosts[0], spec, flags.queue_capacity, flags.batch_size)
     log("evaluator: %s, %d episodes every %.0f s, learner %s"
         % (flags.level_name, flags.test_num_episodes, flags.test_every_s, flags.learner_hosts[0]))

@@ -180,6 +180,25 @@ class PPO:
                     obs_mean=self.normaliser.mean.astype(np.float32),
                     obs_std=self.normaliser.std().astype(np.float32), obs_clip=self.args.obs_clip)
 
+    def state(self):
+        """The agent's numpy side, for walle.checkpoint (the nets and optimizers go in TensorFlow's
+        checkpoint). The reward normaliser's per-sampler returns are left out: a resumed run's
+        samplers start new episodes."""
+        norm = self.reward_normaliser
+        return {"obs_normaliser": dict(vars(self.normaliser)),
+                "reward_rms": None if norm is None else dict(vars(norm.rms)),
+                "beta": self.beta, "lr_multiplier": self.lr_multiplier, "version": self.version,
+                "previous": self.previous, "rng": self.rng.bit_generator.state}
+
+    def set_state(self, state):
+        """Undoes state(): the agent as it was when the checkpoint was written."""
+        vars(self.normaliser).update(state["obs_normaliser"])
+        if self.reward_normaliser is not None and state["reward_rms"] is not None:
+            vars(self.reward_normaliser.rms).update(state["reward_rms"])
+        self.beta, self.lr_multiplier, self.version = state["beta"], state["lr_multiplier"], state["version"]
+        self.previous = state["previous"]
+        self.rng.bit_generator.state = state["rng"]
+
     # -- losses, one tf.function step each --------------------------------
 
     def _policy_stats_impl(self, obs, act, adv, old_mean, old_logvar, old_logp):

@@ -6,8 +6,10 @@ agent and its training loop (training.py, agent.py) only then, so --help and a b
 at once, and the sampler processes, which re-import the entry script, stay TensorFlow-free.
 """
 import argparse
+import sys
 
 import envs
+from walle import config
 from walle import samplers as samplers_lib
 from walle.config import parse_hidden
 
@@ -16,8 +18,10 @@ HALFCHEETAH_RESULTS = "bench/results/ppo_halfcheetah.md"  # the zoo recipe's Hal
 
 def add_arguments(parser, default_batch_size, default_num_samplers):
     """All the flags, in three groups: the run, the update, the nets."""
-    parser.add_argument("env_name", help="gymnasium id of a continuous-action env, e.g. HalfCheetah-v5")
+    parser.add_argument("env_name", nargs="?", help="gymnasium id of a continuous-action env, e.g. "
+                        "HalfCheetah-v5 (with --mode=train_w_load or test: the saved run's)")
     _add_run_arguments(parser.add_argument_group("run"), default_batch_size, default_num_samplers)
+    _add_checkpoint_arguments(parser.add_argument_group("checkpoints and resume"))
     _add_update_arguments(parser.add_argument_group("update"))
     _add_net_arguments(parser.add_argument_group("nets"))
     return parser
@@ -38,6 +42,18 @@ def _add_run_arguments(group, default_batch_size, default_num_samplers):
     group.add_argument("--eval_episodes", type=int, default=0,
                        help="after training, this many episodes with the policy's mean action "
                             "(no noise), written to <logdir>/eval.json (0: none)")
+
+
+def _add_checkpoint_arguments(group):
+    group.add_argument("--mode", choices=("train", "train_w_load", "test"), default="train",
+                       help="train: a new run; train_w_load: continue the run --load_model_url names (its "
+                            "flags, then the ones given here; --iterations and --max_steps count the whole "
+                            "run); test: --eval_episodes (10 if 0) with its policy -> test_results.json")
+    group.add_argument("--load_model_url", default="",
+                       help="a run folder (its newest checkpoint) or <run>/checkpoints/ckpt-N")
+    group.add_argument("--checkpoint_every_s", type=float, default=600.0,
+                       help="seconds between checkpoints (0: only at the end, at Ctrl-C and when a sampler "
+                            "fails; those always)")
 
 
 def _add_update_arguments(group):
@@ -93,7 +109,8 @@ def check_arguments(parser, args):
     for name in ("kl_targ", "clip", "max_grad_norm", "sampler_timeout", "obs_clip", "vf_coef", "adam_eps"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
-    for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr", "eval_episodes"):
+    for name in ("max_steps", "target_kl", "ent_coef", "policy_lr", "value_lr", "eval_episodes",
+                 "checkpoint_every_s"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
     _check_net_and_update(parser, args)
@@ -140,9 +157,38 @@ def main(argv, description, default_batch_size, default_num_samplers, allow_num_
     """Parses and checks the flags, then trains; returns the process exit status."""
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     add_arguments(parser, default_batch_size, default_num_samplers)
-    args = parser.parse_args(argv)
+    args = with_saved_flags(parser, argv, parser.parse_args(argv))
     if not allow_num_samplers and args.num_samplers != 1:
         parser.error("ppo_main.py runs one process (-n 1); use ppo_parallel_main.py for -n N")
     spec = check_arguments(parser, args)
     from walle import training  # TensorFlow loads here, once the flags are known to be good
-    return training.train(args, spec)
+    from walle.checkpoint import CheckpointError
+    try:
+        return training.test(args, spec) if args.mode == "test" else training.train(args, spec)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def with_saved_flags(parser, argv, args):
+    """--mode=train_w_load / test: the saved run's flags, overridden by those on the command line
+    (argparse fills in a default only where the namespace has no value yet); the run folder stays
+    the log folder unless --logdir is given."""
+    if args.mode == "train":
+        if args.env_name is None:
+            parser.error("the env_name argument is required, e.g. HalfCheetah-v5")
+        return args
+    if not args.load_model_url:
+        parser.error(f"--mode={args.mode} needs --load_model_url (a run folder or its checkpoints/ckpt-N)")
+    try:
+        saved = config.load_flags(args.load_model_url)
+    except ValueError as e:
+        parser.error(str(e))
+    keep = {k: v for k, v in saved.items() if k not in ("mode", "load_model_url", "logdir", "env_name")}
+    resumed = parser.parse_args(argv, argparse.Namespace(**keep))
+    resumed.env_name = resumed.env_name or saved.get("env_name")
+    changed = config.changed_fixed_flags(saved, resumed)
+    if changed:
+        parser.error("a resume keeps the nets of the run it continues: " + "; ".join(changed))
+    resumed.logdir = resumed.logdir or config.run_folder(args.load_model_url)
+    return resumed

@@ -1,5 +1,8 @@
 """What WALL-E's command line and its agent both read, importable without TensorFlow (so --help
 and the argument checks answer before TensorFlow loads)."""
+import json
+import os
+import re
 
 
 def parse_hidden(text):
@@ -13,3 +16,44 @@ def parse_hidden(text):
     if not widths or min(widths) < 1:
         raise ValueError(f"--hidden must be comma-separated positive widths such as 256,256, got {text!r}")
     return widths
+
+
+# The run folder: its flags, which --mode=train_w_load and --mode=test start from.
+
+FLAGS_FILE = "flags.json"
+CHECKPOINT_DIR = "checkpoints"
+# Flags that shape the variables: a resume with other values could not load the checkpoint.
+FIXED_FLAGS = ("env_name", "hidden", "hid_mult", "activation", "value_fit")
+
+
+def run_folder(url):
+    """The run folder of --load_model_url: the folder itself, or the one holding a checkpoint
+    prefix (<run>/checkpoints/ckpt-N)."""
+    url = url.rstrip("/")
+    if re.fullmatch(r"ckpt-\d+", os.path.basename(url)):
+        return os.path.dirname(os.path.dirname(url))
+    return os.path.dirname(url) if os.path.basename(url) == CHECKPOINT_DIR else url
+
+
+def save_flags(logdir, args):
+    path = os.path.join(logdir, FLAGS_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(vars(args), f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def load_flags(url):
+    """The saved flags (a dict) of the run --load_model_url names; ValueError saying what is wrong."""
+    path = os.path.join(run_folder(url), FLAGS_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--load_model_url={url}: cannot read the run's flags {path} ({e}); point it at "
+                         f"a WALL-E run folder or one of its {CHECKPOINT_DIR}/ckpt-N")
+
+
+def changed_fixed_flags(saved, args):
+    """The flags a resume cannot change that the command line changed, with both values."""
+    return [f"--{k} {saved[k]!r} (saved) vs {getattr(args, k)!r}" for k in FIXED_FLAGS
+            if k in saved and saved[k] != getattr(args, k)]

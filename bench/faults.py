@@ -267,7 +267,7 @@ def scenario_partial_accept(base, work):
     resent = sum(int(m) for i in range(2) for m in re.findall(r"(\d+) enqueue\(s\) sent again",
                                                                 log_text(logdir, "actor_%d.log" % i)))
     dropped = summary.get("repeated_unrolls_dropped", 0)
-    return {"fault": "partial accept, then the whole enqueue sent again (12 unrolls per enqueue, queue of 8, "
+    return {"fault": "duplicate send: a partial accept, then the whole enqueue sent again (12 unrolls per enqueue, queue of 8, "
                      "0.05 s backstop)", "detected_s": 0.0,
             "what_happened": "actors sent %d enqueues again after the backstop cancelled them (some after the queue "
                              "had taken part); the learner dropped %d repeated unrolls by their numbers and stopped "

@@ -5,6 +5,7 @@
   .venv/bin/python bench/run.py scaling         # frames/s vs actor count; learner samples/s vs Horovod ranks
   .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
   .venv/bin/python bench/run.py pong_long --seeds --peers sf rllib   # the peers' own Pong settings, 70 min each
+  .venv/bin/python bench/run.py atari --games BreakoutNoFrameskip-v4 --frames 40000000 --seeds 1   # bench/atari.py
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
 package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
@@ -27,6 +28,7 @@ import tempfile
 import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
+from bench import atari
 from bench import cartpole_impala
 from bench import ceiling
 from bench import common
@@ -540,7 +542,7 @@ def _si(n):
 
 
 SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling": suite_scaling,
-          "pong_long": suite_pong_long}
+          "pong_long": suite_pong_long, "atari": atari.suite}
 
 
 def main():
@@ -554,6 +556,9 @@ def main():
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--frames", type=int, default=10_000_000)
+    p.add_argument("--games", nargs="*", default=[], help="atari: gymnasium ids, e.g. BreakoutNoFrameskip-v4 "
+                   "(none: only rebuild the table from the run folders)")
+    p.add_argument("--actors", type=int, default=2, help="atari: actor processes per run")
     p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
     p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
     p.add_argument("--peers", nargs="*", default=[], choices=sorted(PEER_PONG),

@@ -10,8 +10,10 @@ import numpy as np
 from impala.timings import Timings
 from tools.runlog import RunLog
 
+# mean_return_100 comes last: a run folder from before it keeps its header, and its resumed rows
+# only add a cell at the end.
 METRICS_COLUMNS = ("time_s", "frames", "updates", "fps", "mean_return_20", "episodes", "queue_fill",
-                   "total_loss", "entropy", "grad_norm")
+                   "total_loss", "entropy", "grad_norm", "mean_return_100")
 # TensorBoard tags of the figures outside the update's own (those go under losses/).
 METRICS_TAGS = {"mean_return_20": "charts/episode_return_mean20", "learning_rate": "charts/learning_rate",
                 "fps": "perf/frames_per_second", "queue_fill": "perf/queue_fill", "policy_lag": "perf/policy_lag",
@@ -145,7 +147,8 @@ class Progress:
                     self.rows.tag(k, "losses/" + k)
             row = dict({k: float(v) for k, v in figures["step_stats"].items()}, time_s=now - self.start,
                        frames=frames, updates=figures["updates"], fps=fps, queue_fill=figures["queue_fill"],
-                       mean_return_20=st.mean_return(), episodes=st.episodes, policy_lag=st.mean_lag(),
+                       mean_return_20=st.mean_return(), mean_return_100=st.mean_return(100),
+                       episodes=st.episodes, policy_lag=st.mean_lag(),
                        replay_nbytes=figures["replay_nbytes"])
             self.rows.write(row, step=frames)
         self.last_log, self.last_log_frames = now, frames

@@ -1,0 +1,213 @@
+"""The Atari suite (`bench/run.py atari`): each game trained to --frames with configs/atari.flags,
+one run per game and seed, against the published PPO scores at 40M frames.
+
+    .venv/bin/python bench/run.py atari --games BreakoutNoFrameskip-v4 SeaquestNoFrameskip-v4 --seeds 1
+    .venv/bin/python bench/run.py atari --games --seeds 1      # no game: only rebuild the table
+
+Each run lives in <out>/atari_runs/<Game>_s<seed>/ (a normal run folder: options, checkpoints,
+metrics.csv, logs). A run that was cut off (Ctrl-C, a time limit, a restart) is resumed from its
+newest checkpoint with --mode=train_w_load the next time the suite is asked for it, and the frame
+count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a run that reached --frames is
+not run again. Score = the mean of the last 100 whole-game training returns (metrics.csv's
+mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md, atari.csv and one curve
+per game (atari_<Game>.png).
+"""
+import csv
+import json
+import os
+import re
+
+import numpy as np
+
+from bench import common
+from local_cluster import LocalCluster
+from tools import plotcurve
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = "configs/atari.flags"
+MILESTONES = (10_000_000, 20_000_000, 40_000_000)
+# ../shared/anchors.md: mean of the last 100 training games at 40M frames (CleanRL's docs, which
+# list OpenAI baselines' PPO beside CleanRL's), and the DQN papers' random and human scores.
+PUBLISHED = {  # game: (baselines PPO, CleanRL PPO, random, human)
+    "Breakout": (388.9, 431.8, 1.7, 30.5),
+    "BeamRider": (2740.0, 2447.8, 363.9, 16926.5),
+    "Qbert": (14283.4, 16430.7, 163.9, 13455.0),
+    "Seaquest": (1754.4, 1230.0, 68.4, 42054.7),
+    "SpaceInvaders": (1017.7, 1162.2, 148.0, 1668.7),
+    "Pong": (20.4, 20.3, -20.7, 14.6),
+}
+CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
+              "at_40M", "resumed_at"]
+
+
+def short(level):
+    """BreakoutNoFrameskip-v4 -> Breakout."""
+    return level.split("NoFrameskip")[0].split("/")[-1].split("-v")[0]
+
+
+def run_dir(out, level, seed):
+    return os.path.join(out, "atari_runs", "%s_s%d" % (short(level), seed))
+
+
+def _json(path, default):
+    if not os.path.exists(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_state(logdir, frames):
+    """'done' (reached `frames`), 'cut' (has a checkpoint to resume from) or 'new'."""
+    summary = _json(os.path.join(logdir, "summary.json"), {})
+    if summary.get("frames", 0) >= frames:
+        return "done"
+    ckpts = os.path.join(logdir, "checkpoints")
+    return "cut" if os.path.isdir(ckpts) and any(n.endswith(".index") for n in os.listdir(ckpts)) else "new"
+
+
+def run_game(a, level, seed, out):
+    """Trains one (game, seed) to a.frames, starting it or resuming it; returns the learner's exit code
+    (None when it was already done). Ctrl-C stops the cluster, which checkpoints, and propagates."""
+    logdir = run_dir(out, level, seed)
+    state = run_state(logdir, a.frames)
+    if state == "done":
+        return None
+    if state == "cut":
+        flags = ["--mode=train_w_load", "--load_model_url=" + logdir, "--total_environment_frames=%d" % a.frames]
+    else:
+        flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--level_name=" + level, "--seed=%d" % seed,
+                 "--total_environment_frames=%d" % a.frames]
+    print("[atari] %s seed %d: %s" % (short(level), seed, "resuming" if state == "cut" else "starting"), flush=True)
+    os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
+    with open(os.path.join(logdir, "logs", "learner.log"), "a") as log:  # a resume adds to it
+        cluster = LocalCluster(a.actors, a.base_port, flags, logdir, learner_stdout=log)
+        with cluster:
+            code = cluster.wait()
+    return code
+
+
+def summarise(level, seed, logdir, ceiling_fps):
+    """The table's figures of one run folder, or None before its first metrics row."""
+    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
+    if not rows:
+        return None
+    frames = np.array([float(r["frames"]) for r in rows])
+    times = plotcurve.stitched(np.array([float(r["time_s"]) for r in rows]))
+    score = np.array([float(r.get("mean_return_100") or r["mean_return_20"]) for r in rows])
+
+    def at(m):
+        i = np.searchsorted(frames, m, side="right") - 1
+        return float(score[i]) if frames[-1] >= m and i >= 0 else float("nan")
+    fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
+    return {"game": short(level), "seed": seed, "frames": int(frames[-1]), "return_last100": float(score[-1]),
+            "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
+            "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
+            "resumed_at": " ".join(resumed_at(logdir)),
+            "curve": (frames, times, score)}
+
+
+def resumed_at(logdir):
+    """The frame counts the run was resumed at, as its learner logged them (the suite appends to the log)."""
+    path = os.path.join(logdir, "logs", "learner.log")
+    text = open(path, errors="replace").read() if os.path.exists(path) else ""
+    return re.findall(r"\[learner 0\] resumed from \S+ at (\d+) frames", text)
+
+
+def human_normalised(game, score):
+    _, _, rnd, human = PUBLISHED[game]
+    return (score - rnd) / (human - rnd)
+
+
+def ceiling_fps(logdir, level, screen):
+    """The env ceiling at the run's frame size (bench/ceiling.py), measured once per run folder."""
+    from bench import ceiling
+    path = os.path.join(logdir, "ceiling.json")
+    if not os.path.exists(path):
+        os.makedirs(logdir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(ceiling.physical_limit(level, os.cpu_count(), 10.0, screen), f)
+    return _json(path, {})["limit"]
+
+
+def recipe_screen():
+    lines = [ln.strip() for ln in open(os.path.join(ROOT, RECIPE)) if ln.strip().startswith("--")]
+    get = {ln.split("=", 1)[0][2:]: ln.split("=", 1)[1] for ln in lines if "=" in ln}
+    return int(get.get("width", 84)), int(get.get("height", 84))
+
+
+def _cell(x, fmt="%.0f"):
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else fmt % x
+
+
+def table(runs, frames):
+    """The Markdown lines: one row per run, then the median human-normalised scores."""
+    lines = ["| game | seed | frames | at 10M | at 20M | at 40M | baselines PPO | CleanRL PPO | HNS ours / baselines "
+             "| training time | frames/s (x ceiling) | resumed after |", "|---" * 12 + "|"]
+    ours, theirs = [], []
+    for r in runs:
+        base, clean, _, _ = PUBLISHED[r["game"]]
+        final = r["at_40M"] if r["frames"] >= frames else float("nan")
+        hns = human_normalised(r["game"], r["return_last100"])
+        ours.append(hns)
+        theirs.append(human_normalised(r["game"], base))
+        lines.append("| %s | %d | %.1fM | %s | %s | %s | %s | %s | %.2f / %.2f | %.0f min | %.0f (%s) | %s |" % (
+            r["game"], r["seed"], r["frames"] / 1e6, _cell(r["at_10M"]), _cell(r["at_20M"]), _cell(final),
+            _cell(base), _cell(clean), hns, human_normalised(r["game"], base), r["train_seconds"] / 60, r["fps"],
+            _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-"))
+    if ours:
+        lines += ["", "Median human-normalised score over these runs (each at its last row): ours %.2f, baselines "
+                  "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
+    return lines
+
+
+def plot(level, runs, frames, out):
+    fig, ax = common.subplots(1, 1, figsize=(6, 4))
+    for r in runs:
+        f, _, score = r["curve"]
+        ax.plot(f / 1e6, score, label="seed %d" % r["seed"])
+        for x in r["resumed_at"].split():
+            ax.axvline(int(x) / 1e6, color="gray", ls=":", alpha=0.7)
+    base, clean, _, _ = PUBLISHED[short(level)]
+    ax.axhline(base, color="C3", ls="--", alpha=0.7, label="baselines PPO at 40M")
+    ax.axhline(clean, color="C4", ls="--", alpha=0.7, label="CleanRL PPO at 40M")
+    ax.set_xlabel("frames (M); dotted: resumed there")
+    ax.set_ylabel("mean of the last 100 games")
+    ax.set_xlim(0, frames / 1e6)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(short(level))
+    common.save_figure(fig, os.path.join(out, "atari_%s.png" % short(level)))
+
+
+def suite(a, out):
+    """Runs (or resumes) each game and seed to a.frames, then the table of every run folder there."""
+    screen = recipe_screen()
+    for level in a.games:
+        for seed in a.seeds:
+            ceiling_fps(run_dir(out, level, seed), level, screen)
+            code = run_game(a, level, seed, out)
+            if code not in (None, 0):
+                print("[atari] %s seed %d: the learner exited with %s" % (short(level), seed, code), flush=True)
+    runs_root = os.path.join(out, "atari_runs")
+    names = sorted(os.listdir(runs_root)) if os.path.isdir(runs_root) else []
+    runs, csv_rows = [], []
+    for name in names:
+        game, seed = name.rsplit("_s", 1)
+        level = "%sNoFrameskip-v4" % game
+        logdir = os.path.join(runs_root, name)
+        r = summarise(level, int(seed), logdir, _json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
+        if r is not None and game in PUBLISHED:
+            runs.append(r)
+            csv_rows.append({k: r[k] for k in CSV_FIELDS})
+    with open(os.path.join(out, "atari.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, CSV_FIELDS)
+        w.writeheader()
+        w.writerows(csv_rows)
+    for level in sorted({"%sNoFrameskip-v4" % r["game"] for r in runs}):
+        plot(level, [r for r in runs if r["game"] == short(level)], a.frames, out)
+    return ["# Atari at %s frames, %s, %d cores" % ("{:,}".format(a.frames), RECIPE, os.cpu_count()), "",
+            "Score: mean of the last 100 whole-game training returns. HNS: human-normalised score. Published "
+            "figures: ../shared/anchors.md (CleanRL's docs). Training time counts from the learner being ready; "
+            "a resumed run's time leaves out the stop.", ""] + table(runs, a.frames) + [
+        "", "Command: `.venv/bin/python bench/run.py atari --games %s --frames %d --seeds %s`" % (
+            " ".join(a.games), a.frames, " ".join(map(str, a.seeds)))]

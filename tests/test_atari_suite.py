@@ -1,0 +1,81 @@
+"""bench/run.py atari: a run folder's state (new, cut, done), the figures read from metrics.csv
+(milestones, a resumed run's clock, human-normalised scores), and, slow, a real run cut off and
+resumed by the suite."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bench import atari
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLS = ("time_s", "frames", "updates", "fps", "mean_return_20", "episodes", "queue_fill", "total_loss",
+        "entropy", "grad_norm", "mean_return_100")
+
+
+def _metrics(folder, rows):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "metrics.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, COLS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_run_state_new_cut_done(tmp_path):
+    d = str(tmp_path / "Breakout_s1")
+    assert atari.run_state(d, 100) == "new"
+    os.makedirs(os.path.join(d, "checkpoints"))
+    open(os.path.join(d, "checkpoints", "ckpt-3.index"), "w").close()
+    assert atari.run_state(d, 100) == "cut"
+    json.dump({"frames": 100}, open(os.path.join(d, "summary.json"), "w"))
+    assert atari.run_state(d, 100) == "done" and atari.run_state(d, 200) == "cut"
+
+
+def test_summary_reads_milestones_and_continues_a_resumed_clock(tmp_path):
+    d = str(tmp_path / "Breakout_s2")
+    rows = [dict(time_s=t, frames=f, mean_return_20=1.0, mean_return_100=s) for t, f, s in [
+        (100, 5_000_000, 2.0), (200, 10_000_000, 10.0), (300, 15_000_000, 20.0),
+        (50, 20_500_000, 30.0), (150, 25_000_000, 40.0)]]  # resumed at 15M: time_s restarts
+    _metrics(d, rows)
+    os.makedirs(os.path.join(d, "logs"))
+    with open(os.path.join(d, "logs", "learner.log"), "w") as f:
+        f.write("[learner 0] resumed from %s/checkpoints/ckpt-9 at 15000000 frames\n" % d)
+    r = atari.summarise("BreakoutNoFrameskip-v4", 2, d, ceiling_fps=20000.0)
+    assert r["at_10M"] == 10.0 and r["at_20M"] == 20.0 and np.isnan(r["at_40M"])
+    assert r["train_seconds"] == 450.0 and r["return_last100"] == 40.0 and r["resumed_at"] == "15000000"
+    assert r["fps"] == pytest.approx(25_000_000 / 450.0) and r["fps_ratio"] == pytest.approx(r["fps"] / 20000.0)
+    lines = atari.table([r], 40_000_000)
+    assert "| Breakout | 2 | 25.0M | 10 | 20 | - | 389 | 432 |" in lines[2]
+    hns = (40.0 - 1.7) / (30.5 - 1.7)
+    assert "%.2f / %.2f" % (hns, (388.9 - 1.7) / (30.5 - 1.7)) in lines[2]
+
+
+def test_recipe_is_one_file_for_every_game():
+    flags = [ln for ln in open(os.path.join(ROOT, atari.RECIPE)) if ln.startswith("--")]
+    assert flags and not any(ln.startswith(("--level_name", "--seed")) for ln in flags)
+    assert atari.recipe_screen() == (84, 84)
+
+
+@pytest.mark.slow
+def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
+    """A real Breakout run to one budget, then the suite asked for more: it resumes the run from its
+    checkpoint (train_w_load), says where, and the table and atari.csv have the run at the new budget."""
+    out = str(tmp_path)
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "run.py"), "atari", "--games", "BreakoutNoFrameskip-v4",
+           "--seeds", "1", "--out", out, "--base_port", "19650"]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    first = subprocess.run(cmd + ["--frames", "8192"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    stopped_at = json.load(open(os.path.join(atari.run_dir(out, "BreakoutNoFrameskip-v4", 1), "summary.json")))["frames"]
+    second = subprocess.run(cmd + ["--frames", "16384"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "Breakout seed 1: resuming" in second.stdout
+    rows = list(csv.DictReader(open(os.path.join(out, "atari.csv"))))
+    assert len(rows) == 1 and int(rows[0]["frames"]) >= 16384 and rows[0]["resumed_at"] == str(stopped_at)
+    assert os.path.exists(os.path.join(out, "atari_Breakout.png"))
+    third = subprocess.run(cmd + ["--frames", "16384"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert third.returncode == 0 and "resuming" not in third.stdout and "starting" not in third.stdout

@@ -145,11 +145,8 @@ def write_report(a, out, machine, plain, resumed, summary):
                      f"{'-' if stopped_s is None else f'{stopped_s:.1f}'} | {rows[-1]['steps'] if rows else 0} | "
                      f"{score_at(rows, a.budget):.0f} | {ev:.0f} | {wall:.0f} |")
     lines += ["", f"{hc.SCORE} every {a.grid} steps; **bold**: outside the uninterrupted seeds' range there.", ""]
-    lines += table + ["", f"Inside the range: {inside} of {total} points.", "",
-                      "Command: `.venv/bin/python bench/ppo_resume.py %s`" % " ".join(sys.argv[1:]),
-                      bench_run.machine_line(machine), "Date: " + machine["date"]]
-    common.write_lines(os.path.join(out, "ppo_resume.md"), lines)
-    print("\n".join(lines))
+    lines += table + ["", f"Inside the range: {inside} of {total} points."]
+    bench_run.write_table(out, "ppo_resume", lines, machine)
 
 
 def plot(a, out, runs_dir):

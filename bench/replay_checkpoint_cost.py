@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 
-from bench import common
 from bench import run as bench_run
 from envs import batch as env_batch
 from impala import replay, replay_files, transport
@@ -93,11 +92,8 @@ def main():
     lines += ["| %d | %s | %.0f | %.0f | %.2f | %.2f |" % (r["capacity"], "on" if r["compress"] else "off",
                                                           r["memory_mb"], r["disk_mb"], r["save_s"], r["load_s"])
               for r in rows]
-    lines += ["", "Median of %d writes and reads each (the file is lz4 over a pickle)." % a.repeats, "",
-              "Command: `.venv/bin/python bench/replay_checkpoint_cost.py %s`" % " ".join(sys.argv[1:]),
-              bench_run.machine_line(machine), "Date: " + machine["date"]]
-    common.write_lines(os.path.join(out, "replay_checkpoint_cost.md"), lines)
-    print("\n".join(lines))
+    lines += ["", "Median of %d writes and reads each (the file is lz4 over a pickle)." % a.repeats]
+    bench_run.write_table(out, "replay_checkpoint_cost", lines, machine)
     return 0
 
 

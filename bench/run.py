@@ -102,6 +102,16 @@ def write_machine(out):
     return info
 
 
+def write_table(out, name, lines, machine):
+    """Ends a results table with the command that made it, the machine and the date, writes it to
+    <out>/<name>.md and prints it."""
+    lines = lines + ["", "Command: `.venv/bin/python %s %s`" % (os.path.relpath(os.path.abspath(sys.argv[0]), ROOT),
+                                                             " ".join(sys.argv[1:])),
+                     machine_line(machine), "Date: " + machine["date"]]
+    common.write_lines(os.path.join(out, name + ".md"), lines)
+    print("\n".join(lines))
+
+
 def machine_line(info):
     """The results tables' last line: the machine and the versions of write_machine's record."""
     return "Machine: %d cores, %s, GPU: %s; TF %s, Horovod %s%s." % (

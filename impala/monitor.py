@@ -233,5 +233,12 @@ class Monitor:
         if self.progress.due(now):
             self.progress.write(now, figures(), self.stats, self.beats.alive(self.stats.last_seen))
 
+    def final(self, now, figures):
+        """The last row at the stop, when frames moved since the last one: a short run (or the
+        tail of a long one) ends in metrics.csv at the frames it reached."""
+        f = figures()
+        if f["frames"] > self.progress.last_log_frames and now > self.progress.last_log:
+            self.progress.write(now, f, self.stats, self.beats.alive(self.stats.last_seen))
+
     def close(self):
         self.progress.close()

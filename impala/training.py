@@ -137,6 +137,7 @@ def finish(learner, tp, trainer, reason, exit_code, logdir, log):
     """The final checkpoint (exit code 5 when the chief could not save it), the report
     and summary.json; returns the exit code."""
     rank, st = learner.rank, trainer.monitor.stats
+    trainer.monitor.final(time.time(), trainer.figures)  # before tp.close(): it reads the queue's size
     path = learner_lib.save_or_report(learner, log, rank)
     if path is None and learner.is_chief:
         exit_code = 5

@@ -541,6 +541,16 @@ def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch)
     assert not _prefetch_threads()
 
 
+def test_a_run_shorter_than_the_log_interval_still_ends_in_metrics_csv(tmp_path, monkeypatch):
+    """With --log_every_s longer than the run, metrics.csv still gets one row, at the frames reached:
+    a short run (or a long run's tail) must not vanish from the curves and tables."""
+    code, summary, lines, _ = _train_in_process(tmp_path, monkeypatch, log_every_s=3600.0)
+    assert code == 0, lines
+    with open(tmp_path / "run" / "metrics.csv") as fh:
+        rows = fh.read().splitlines()
+    assert len(rows) == 2 and rows[-1].split(",")[1:3] == [str(summary["frames"]), "6"], rows
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_train_stops_cleanly_on_sigint(tmp_path, monkeypatch, prefetch):
     """SIGINT after 3 updates: train() returns 0 soon, with a checkpoint; at most the

@@ -1,0 +1,91 @@
+"""The Atari recipe's levers, learning on: frames/s and the early score of configs/atari.flags with
+one setting changed at a time, on one game and the same cores.
+
+    .venv/bin/python bench/atari_levers.py --game BreakoutNoFrameskip-v4 --frames 1000000
+    .venv/bin/python bench/atari_levers.py --variants recipe sgd2 size42 --frames 3000000 --seeds 1 2
+
+Each variant is one local cluster (1 learner + --actors actors x the recipe's 32 envs) run to --frames;
+the variants take turns within each seed (interleaved), so a slow spell of the machine hits all alike.
+frames/s is the median of the learner's progress rows after the first fifth of the run (start-up and
+tracing left out); the score is the mean of the last 100 whole games at the end (at a short budget
+an early sign only). Writes <out>/atari_levers.md and .csv.
+"""
+import argparse
+import csv
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from bench import common
+from bench import run as bench_run
+from local_cluster import LocalCluster, obey_ctrl_c
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = {  # name: (what it changes, the flags after the recipe's)
+    "recipe": ("configs/atari.flags as it is: 84x84, 4 passes x 4 minibatches, batch 32 x 32, bfloat16", []),
+    "sgd2": ("2 passes over each batch", ["--num_sgd_iter=2"]),
+    "sgd1": ("1 pass (plain IMPALA with PPO's clip)", ["--num_sgd_iter=1"]),
+    "minibatch2": ("2 minibatches per pass", ["--num_minibatches=2"]),
+    "size42": ("42x42 frames (Pong's recipe size)", ["--width=42", "--height=42"]),
+    "size42_sgd2": ("42x42 frames, 2 passes", ["--width=42", "--height=42", "--num_sgd_iter=2"]),
+    "float32": ("float32 compute", ["--compute_dtype=float32"]),
+    "batch64": ("batch 64 unrolls", ["--batch_size=64", "--queue_capacity=128"]),
+}
+
+
+def run_variant(a, name, seed):
+    logdir = tempfile.mkdtemp(prefix="atari_lever_")
+    flags = ["--flagfile=" + os.path.join(ROOT, "configs", "atari.flags"), "--level_name=" + a.game,
+             "--seed=%d" % seed, "--total_environment_frames=%d" % a.frames, "--log_every_s=10"] + VARIANTS[name][1]
+    print("[levers] %s seed %d" % (name, seed), flush=True)
+    with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
+        code = cluster.wait()
+    rows, summary, log = common.finished_run(logdir)
+    if code != 0 or summary is None:
+        return {"variant": name, "seed": seed, "error": "exit %s: %s" % (code, log.splitlines()[-1:] if log else "")}
+    late = [float(r["fps"]) for r in rows if int(r["frames"]) > a.frames / 5] or [float(r["fps"]) for r in rows]
+    last = rows[-1]
+    return {"variant": name, "seed": seed, "fps": float(np.median(late)), "frames": summary["frames"],
+            "elapsed_s": summary["elapsed_s"],
+            "score": float(last.get("mean_return_100") or last["mean_return_20"]),
+            "bottleneck": summary["time_breakdown"]["bottleneck"], "error": ""}
+
+
+def main():
+    obey_ctrl_c()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--game", default="BreakoutNoFrameskip-v4")
+    p.add_argument("--variants", nargs="+", default=["recipe", "sgd2", "sgd1", "minibatch2", "size42", "size42_sgd2"],
+                   choices=sorted(VARIANTS))
+    p.add_argument("--frames", type=int, default=1_000_000)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--base_port", type=int, default=19800)
+    p.add_argument("--out", default=None, help="default bench/results/<machine>/")
+    a = p.parse_args()
+    out, machine = bench_run.results_dir(a.out)
+    results = [run_variant(a, name, seed) for seed in a.seeds for name in a.variants]
+    with open(os.path.join(out, "atari_levers.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, ["variant", "seed", "fps", "frames", "elapsed_s", "score", "bottleneck", "error"])
+        w.writeheader()
+        w.writerows(results)
+    base = np.median([r["fps"] for r in results if r["variant"] == "recipe" and not r["error"]] or [np.nan])
+    lines = ["# %s, configs/atari.flags with one lever changed, %s frames per run, learning on\n" % (
+        a.game, "{:,}".format(a.frames)),
+             "| variant | what it changes | seed | frames/s | vs recipe | score (last 100 games) at the end | "
+             "bottleneck |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r["error"]:
+            lines.append("| %s | %s | %d | failed: %s | | | |" % (r["variant"], VARIANTS[r["variant"]][0], r["seed"],
+                                                               r["error"]))
+            continue
+        lines.append("| %s | %s | %d | %.0f | %.2fx | %.1f | %s |" % (
+            r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["fps"], r["fps"] / base, r["score"], r["bottleneck"]))
+    bench_run.write_table(out, "atari_levers", lines, machine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,11 @@
       --actor_hosts=127.0.0.1:8002,127.0.0.1:8003 --level_name=CartPole-v1 --agent_name=MLPAgent
   # actor i (sends to learner_hosts[i % K])
   python experiment.py --job_name=actor --task=0 --learner_hosts=127.0.0.1:8001 ...
+  # or the original project's manual launch: each rank names its own server and its own actors
+  mpirun -np 1 python experiment.py --job_name=learner --learner_host=localhost:8001 \
+      --actor_hosts=localhost:9001,localhost:9003 ... : -np 1 python experiment.py --job_name=learner \
+      --learner_host=localhost:8002 --actor_hosts=localhost:9002 ...
+  python experiment.py --job_name=actor --learner_host=localhost:8002 --actor_hosts=localhost:9002 --task=0 ...
   # play a trained policy
   python experiment.py --mode=test --load_model_url=results/CartPole-v1_1700000000
 
@@ -21,6 +26,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from impala import placement
+
 # ----------------------------------------------------------------- flags
 flags.DEFINE_string("logdir", None, "Run folder (checkpoints, TensorBoard, metrics). "
                     "Default: results/<level_name>_<unix time>; with --mode=train_w_load, the loaded run.")
@@ -35,11 +42,22 @@ flags.DEFINE_enum("job_name", "learner", ["learner", "actor", "evaluator"],
                   "current policy greedily every --test_every_s (eval.csv, TensorBoard eval/).")
 flags.DEFINE_float("test_every_s", 60.0, "Seconds between the evaluator's rounds.")
 flags.DEFINE_integer("task", 0, "Actor index into --actor_hosts (actors only).")
-flags.DEFINE_list("learner_hosts", ["127.0.0.1:8001"], "host:port of each learner rank's server.")
-flags.DEFINE_list("actor_hosts", [], "host:port of every actor (used to count and assign actors).")
+flags.DEFINE_list("learner_hosts", ["127.0.0.1:8001"], "host:port of each learner rank's server, the same "
+                  "list for every worker: rank r serves entry r, actor i feeds entry i mod K.")
+flags.DEFINE_string("learner_host", None, "The original project's manual launch (one command line per "
+                    "rank, mpirun's MPMD form, see docs/cluster.md): a learner's own server, or the learner "
+                    "an actor feeds; --actor_hosts then lists only that learner's actors. With "
+                    "--learner_hosts as well, the two must agree.")
+flags.DEFINE_list("actor_hosts", [], "host:port of every actor (used to count and assign actors); with "
+                  "--learner_host, of this learner's actors only.")
 flags.DEFINE_integer("seed", 1, "Random seed.")
 
-flags.DEFINE_string("level_name", "PongNoFrameskip-v4", "Gymnasium environment id.")
+flags.DEFINE_string("level_name", "PongNoFrameskip-v4", "Gymnasium environment id: Atari, classic control, "
+                    "MuJoCo, an id a module of --env_module registers, or an entry point pkg.module:ClassName.")
+flags.DEFINE_list("env_module", [], "Python modules (PKG.MODULE, comma-separated) that every process making "
+                  "envs imports before --level_name is looked up, so the ids they register with "
+                  "gymnasium.register can be trained; each must be importable on every host (installed, or "
+                  "its folder on PYTHONPATH).")
 flags.DEFINE_integer("width", 84, "Atari frame width in pixels (84 as in DQN and IMPALA; 42 has a quarter of the pixels).")
 flags.DEFINE_integer("height", 84, "Atari frame height in pixels.")
 flags.DEFINE_integer("num_action_repeats", 0, "Frames counted per agent step; 0: 4 for Atari "
@@ -52,7 +70,7 @@ flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor pr
 flags.DEFINE_enum("env_backend", "auto", ["auto", "native", "python"], "How actors step Atari games: "
                   "native: ale-py's C++ vector env (preprocessing in C++ threads); python: one gymnasium "
                   "env per game, stepped in Python (envs/factory.py); auto: native for Atari, python otherwise "
-                  "(classic control, MuJoCo).")
+                  "(classic control, MuJoCo, your own envs).")
 flags.DEFINE_integer("env_threads", 1, "C++ threads of each native env group (--env_backend=native).")
 flags.DEFINE_integer("env_groups", 0, "Groups the actor's envs are split into: with 2, one group steps "
                      "(native backend, in C++ threads) while the other is in inference. 0 = auto: 2 for the "
@@ -151,7 +169,7 @@ flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreacha
 FLAGS = flags.FLAGS
 
 # Flags that describe the run (saved to options.json, restored by train_w_load).
-RUN_FLAGS = ["level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
+RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
@@ -192,6 +210,8 @@ flags.register_multi_flags_validator(
     message="--env_groups must be 0 (auto) or divide --envs_per_actor (the groups are equal batches)")
 flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
                          message="must be a comma-separated list of host:port (port 1-65535)")
+flags.register_validator("learner_host", lambda v: v is None or _hosts_ok([v]),
+                         message="must be host:port (port 1-65535)")
 flags.register_validator("actor_hosts", _hosts_ok,
                          message="must be a comma-separated list of host:port (port 1-65535)")
 flags.register_validator("width", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
@@ -245,7 +265,8 @@ def apply_saved_options(saved):
 def save_options(logdir):
     os.makedirs(logdir, exist_ok=True)
     opts = {name: FLAGS[name].value for name in RUN_FLAGS}
-    opts.update(mode=FLAGS.mode, learner_hosts=FLAGS.learner_hosts, actor_hosts=FLAGS.actor_hosts,
+    opts.update(mode=FLAGS.mode, learner_hosts=FLAGS.learner_hosts, learner_host=FLAGS.learner_host,
+                actor_hosts=FLAGS.actor_hosts,
                 argv=sys.argv)
     tmp = os.path.join(logdir, "options.json.tmp")
     with open(tmp, "w") as f:
@@ -265,6 +286,10 @@ def validate_run():
     """Checks that need imports (env ids, agent names) before anything starts."""
     import envs
     import nets
+    try:  # before the id is looked up: the modules register their ids
+        envs.import_env_modules(FLAGS.env_module)
+    except ImportError as e:
+        raise UsageError("--env_module=%s: %s" % (",".join(FLAGS.env_module), e))
     try:
         spec = envs.env_spec(FLAGS.level_name, (FLAGS.width, FLAGS.height))
     except envs.UnknownEnvError as e:
@@ -294,44 +319,66 @@ def validate_run():
         replay.parse_replay_parameters(FLAGS.replay_parameters)
     except replay.ReplayConfigError as e:
         raise UsageError(str(e))
-    if FLAGS.job_name == "actor" and FLAGS.actor_hosts and FLAGS.task >= len(FLAGS.actor_hosts):
-        raise UsageError("--task=%d but --actor_hosts lists only %d actor(s)"
-                         % (FLAGS.task, len(FLAGS.actor_hosts)))
+    if FLAGS.job_name == "actor":
+        from impala import placement
+        try:
+            placement.actor_learner(placement.from_flags(FLAGS), FLAGS.task)
+        except placement.PlacementError as e:
+            raise UsageError(str(e))
 
 
 # ----------------------------------------------------------------- jobs
+def learner_rank():
+    """(rank, size, local_rank, hvd or None): Horovod's when this learner is one of several ranks."""
+    hosts = placement.from_flags(FLAGS)
+    if len(hosts.learner_hosts) > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
+        import horovod.tensorflow as hvd
+        hvd.init()
+        return hvd.rank(), hvd.size(), hvd.local_rank(), hvd
+    return 0, 1, 0, None
+
+
+def learner_placement(rank, size, hvd):
+    """(this rank's server, its actors' ids); every rank checks that no two ranks share a server
+    and rank 0 says which rank serves what."""
+    hosts = placement.from_flags(FLAGS)
+    try:
+        address = placement.learner_address(hosts, rank, size)
+        actor_ids = placement.learner_actor_ids(hosts, rank, size)
+        layout = [(address, len(actor_ids))] if hvd is None else hvd.allgather_object((address, len(actor_ids)))
+        placement.check_ranks_agree([a for a, _ in layout])
+    except placement.PlacementError as e:
+        raise UsageError(str(e))
+    if rank == 0 and size > 1:
+        log("learners: %s" % ", ".join("rank %d serves %s (%d actor(s))" % (r, a, n) for r, (a, n) in enumerate(layout)))
+    return address, actor_ids
+
+
 def run_learner():
     from impala import devices
     from impala import training
-    rank, size, local_rank = 0, 1, 0
-    if len(FLAGS.learner_hosts) > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
-        import horovod.tensorflow as hvd
-        hvd.init()
-        rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+    rank, size, local_rank, hvd = learner_rank()
     # before the learner's first TensorFlow op: its threads, and its GPU, if one is visible
     devices.set_threads(FLAGS.learner_threads)
     devices.setup_learner(local_rank, log=log, prefix="[learner %d]" % rank)
-    if size != len(FLAGS.learner_hosts):
-        raise UsageError("--learner_hosts lists %d learner(s) but %d Horovod rank(s) are running; "
-                         "start one rank per learner (mpirun -np %d)"
-                         % (len(FLAGS.learner_hosts), size, len(FLAGS.learner_hosts)))
+    address, actor_ids = learner_placement(rank, size, hvd)
     logdir = FLAGS.logdir
     if FLAGS.mode == "train_w_load" and logdir is None:
         logdir = load_saved_options(FLAGS.load_model_url)[1]
     logdir = logdir or default_logdir()
     if rank == 0:
         save_options(logdir)
-    assigned = [a for i, a in enumerate(FLAGS.actor_hosts) if i % size == rank]
-    return training.train(FLAGS, logdir, FLAGS.learner_hosts[rank], len(assigned),
-                             rank=rank, size=size, log=log,
-                             actor_ids=[i for i in range(len(FLAGS.actor_hosts)) if i % size == rank])
+    return training.train(FLAGS, logdir, address, len(actor_ids), rank=rank, size=size, log=log,
+                          actor_ids=actor_ids)
 
 
 def run_actor():
     from impala import devices
     devices.hide_gpus_from_actor()  # before the actor's first TensorFlow op
     from impala import actor as actor_lib
-    code = actor_lib.run(FLAGS, FLAGS.task, log=log)
+    hosts = placement.from_flags(FLAGS)
+    code = actor_lib.run(FLAGS, FLAGS.task, placement.actor_learner(hosts, FLAGS.task),
+                         placement.actor_seed_index(hosts, FLAGS.task), log=log)
     # A connection attempt abandoned in a helper thread can block interpreter shutdown
     # inside TensorFlow; the actor has nothing left to save, so leave at once.
     sys.stdout.flush()
@@ -418,7 +465,8 @@ def main(argv):
             return run_actor()
         if FLAGS.job_name == "evaluator":
             from impala import evaluator
-            return evaluator.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(), log=log)
+            return evaluator.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(),
+                                           placement.evaluator_learner(placement.from_flags(FLAGS)), log=log)
         return run_learner()
     except (UsageError, FileNotFoundError) as e:
         print("experiment.py: error: %s" % e, file=sys.stderr, flush=True)

@@ -69,7 +69,7 @@ def load_experiments(path):
             raise ExperimentsError("%s: run %d has name %r; names must be unique and use only "
                                    "letters, digits, '_', '-', '.'" % (path, i, name))
         names.add(name)
-        for key in ("logdir", "job_name", "learner_hosts", "actor_hosts", "task"):
+        for key in ("logdir", "job_name", "learner_hosts", "learner_host", "actor_hosts", "task"):
             if key in run or key in common:
                 raise ExperimentsError("%s: run %d (%s) sets %r, which multi_train.py chooses itself"
                                        % (path, i, name, key))

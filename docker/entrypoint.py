@@ -129,7 +129,7 @@ def main(argv):
     num_learners = env_int("NUM_LEARNERS", 1)
     learner_host = os.environ.get("LEARNER_HOST", "learner")
     for a in argv:
-        if a.startswith(("--learner_hosts", "--actor_hosts", "--task", "--job_name")):
+        if a.startswith(("--learner_host", "--actor_hosts", "--task", "--job_name")):  # --learner_host(s)
             fail("%s: the entrypoint sets this flag (from NUM_LEARNERS, NUM_ACTORS and the replica "
                  "number); leave it out of the command" % a.split("=")[0])
     hosts = ["--learner_hosts=" + ",".join("%s:%d" % (learner_host, LEARNER_BASE_PORT + r)

@@ -1,7 +1,7 @@
 """The actor's environments as one batch: E envs stepped together, two backends.
 
 * `PythonBatch`: E gymnasium envs from envs.make_env, stepped one by one in Python.
-  Every kind of env (Atari, classic control, MuJoCo).
+  Every env the factory makes (Atari, classic control, MuJoCo, users' envs).
 * `NativeAtariBatch`: ale-py's C++ vector env (`ale_py.vector_env.AtariVectorEnv`):
   frame skip, max-pool, resize, grayscale, frame stack and no-op reset run in a
   C++ thread pool (`threads`), with the GIL released. Atari only.
@@ -31,7 +31,13 @@ these semantics too.
 
 `make_batch(..., render=True)` adds `batch.render()`: each env's screen in colour (RGB
 [210, 160, 3] for Atari), for --mode=test's GIF.
+
+Envs that crash: in the Python backend an exception in an env's step or reset ends that env's
+episode (the step is a termination with reward 0 and no episode statistics), is counted in
+`crashes` and logged once per env, and the env is made anew with a new seed; the actor goes on.
+MAX_CRASHES_IN_A_ROW crashes with no successful step between raise EnvCrashLoop.
 """
+import sys
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -48,6 +54,14 @@ class StepResult(NamedTuple):
     episode_end: np.ndarray  # [E] bool: a whole game (episode) ended on this step
     episode_return: np.ndarray  # [E] float32, valid where episode_end
     episode_length: np.ndarray  # [E] int32 agent steps, valid where episode_end
+    crashes: np.ndarray  # [E] int32: exceptions of each env since the last result (Python backend)
+
+
+MAX_CRASHES_IN_A_ROW = 100
+
+
+class EnvCrashLoop(RuntimeError):
+    """An env batch's envs crashed MAX_CRASHES_IN_A_ROW times with no successful step between."""
 
 
 BACKENDS = ("auto", "native", "python")
@@ -67,14 +81,15 @@ def resolve_backend(backend, level_name):
 
 
 def make_batch(backend, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE, threads=1,
-               max_episode_frames=None, render=False):
+               max_episode_frames=None, render=False, log=None):
     """The batch of num_envs envs; env i is seeded with seed + i. max_episode_frames: Atari's
-    time limit in emulator frames (None: ALE's 108,000). render: the batch also has render()."""
+    time limit in emulator frames (None: ALE's 108,000). render: the batch also has render().
+    log: where the Python backend says that an env crashed (default: stderr)."""
     if resolve_backend(backend, level_name) == "native":
         cls = RenderedNativeAtariBatch if render else NativeAtariBatch
         return cls(level_name, num_envs, seed, training, frame_size, threads, max_episode_frames)
     return PythonBatch(level_name, num_envs, seed, training, frame_size, max_episode_frames,
-                       render_mode="rgb_array" if render else None)
+                       render_mode="rgb_array" if render else None, log=log)
 
 
 def _empty_result(n):
@@ -82,21 +97,42 @@ def _empty_result(n):
             np.zeros(n, np.float32), np.zeros(n, np.int32))
 
 
+def _stderr(msg):
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def _first_line(e):
+    return "%s: %s" % (type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
+
+
 class PythonBatch:
-    """E envs of envs.make_env, stepped one after the other in this thread."""
+    """E envs of envs.make_env, stepped one after the other in this thread. An env whose step or
+    reset raises is made anew (see the module docstring)."""
 
     def __init__(self, level_name, num_envs, seed, training=True, frame_size=envs.FRAME_SIZE,
-                 max_episode_frames=None, render_mode=None):
+                 max_episode_frames=None, render_mode=None, log=None):
         self.num_envs = num_envs
-        self.envs = [envs.make_env(level_name, seed=seed + i, training=training, frame_size=frame_size,
-                                   max_episode_frames=max_episode_frames, render_mode=render_mode)
-                     for i in range(num_envs)]
+        self._make_kwargs = dict(training=training, frame_size=frame_size, max_episode_frames=max_episode_frames,
+                                 render_mode=render_mode)
+        self._level_name = level_name
+        self.envs = [envs.make_env(level_name, seed=seed + i, **self._make_kwargs) for i in range(num_envs)]
         self._seed = seed
         self._actions = None
+        self._log = log or _stderr
+        self._crashes = np.zeros(num_envs, np.int32)  # since the last result
+        self.total_crashes = 0
+        self._remade = np.zeros(num_envs, np.int64)  # how often each env was made anew: its seeds
+        self._in_a_row = 0
+        self._reported = set()  # envs whose first crash was logged
 
     def reset(self, obs_out):
         for i, env in enumerate(self.envs):
-            obs_out[i] = env.reset(seed=self._seed + i)[0]
+            try:
+                obs_out[i] = env.reset(seed=self._seed + i)[0]
+            except Exception as e:  # the user's env may raise anything
+                self._crashed(i, "reset", e)
+                obs_out[i] = self._remake(i)
 
     def send(self, actions):
         self._actions = actions
@@ -105,19 +141,64 @@ class PythonBatch:
         reward, done, cut, ended, ret, length = _empty_result(self.num_envs)
         final_obs = None
         for i, env in enumerate(self.envs):
-            o, r, terminated, truncated, info = env.step(int(self._actions[i]))
+            try:
+                o, r, terminated, truncated, info = env.step(int(self._actions[i]))
+            except Exception as e:  # the episode ends here, without statistics: a partial one
+                self._crashed(i, "step", e)
+                obs_out[i], done[i] = self._remake(i), True
+                continue
+            self._in_a_row = 0
             if truncated and not terminated:
                 if final_obs is None:
                     final_obs = np.zeros((self.num_envs,) + o.shape, o.dtype)
                 final_obs[i], cut[i] = o, True
             if terminated or truncated:
-                o, _ = env.reset()
+                o = self._reset_after_episode(i)
             ep = info.get("episode")
             if ep is not None:
                 ended[i], ret[i], length[i] = True, float(np.asarray(ep["r"])), int(np.asarray(ep["l"]))
             obs_out[i] = o
             reward[i], done[i] = r, terminated or truncated
-        return StepResult(reward, done, cut, final_obs, ended, ret, length)
+        crashes, self._crashes = self._crashes, np.zeros(self.num_envs, np.int32)
+        return StepResult(reward, done, cut, final_obs, ended, ret, length, crashes)
+
+    def _reset_after_episode(self, i):
+        try:
+            return self.envs[i].reset()[0]
+        except Exception as e:
+            self._crashed(i, "reset", e)
+            return self._remake(i)
+
+    def _crashed(self, i, where, e):
+        """Counts one exception of env i, says so the first time, and gives up after
+        MAX_CRASHES_IN_A_ROW of them with no successful step between."""
+        self._crashes[i] += 1
+        self.total_crashes += 1
+        self._in_a_row += 1
+        if i not in self._reported:
+            self._reported.add(i)
+            self._log("env %d (%s) crashed in %s: %s; it is made anew with a new seed and the episode counts "
+                      "as ended (this env's further crashes are counted, not logged)"
+                      % (i, self._level_name, where, _first_line(e)))
+        if self._in_a_row >= MAX_CRASHES_IN_A_ROW:
+            raise EnvCrashLoop("%d env crashes in a row with no successful step between (%s; the last in %s: %s); "
+                               "giving up: fix the env" % (self._in_a_row, self._level_name, where, _first_line(e)))
+
+    def _remake(self, i):
+        """Env i closed and made anew with a seed of its own; returns its first observation. The
+        new env may crash too: that counts as another crash, and the next seed is tried."""
+        while True:
+            try:
+                self.envs[i].close()
+            except Exception:  # a crashed env may not close cleanly; it is dropped anyway
+                pass
+            self._remade[i] += 1
+            seed = int(np.random.SeedSequence([self._seed, i, int(self._remade[i])]).generate_state(1)[0])
+            try:
+                self.envs[i] = envs.make_env(self._level_name, seed=None, **self._make_kwargs)
+                return self.envs[i].reset(seed=seed)[0]
+            except Exception as e:
+                self._crashed(i, "make/reset", e)
 
     def render(self):
         """Each env's screen (gymnasium's env.render(); needs make_batch(..., render=True))."""
@@ -204,7 +285,7 @@ class NativeAtariBatch:
                                   final_obs[e])
         self._push(obs[:, 0], game_over)
         self._stacks(obs_out)
-        return StepResult(reward, done, cut, final_obs, ended, ret, length)
+        return StepResult(reward, done, cut, final_obs, ended, ret, length, np.zeros(self.num_envs, np.int32))
 
     def _push(self, frame, new_game):
         """The frame stack, kept here rather than by ale-py (stack_num=1): each env's newest frame

@@ -1,6 +1,6 @@
 """Environments: one factory from a gymnasium id to a correctly wrapped env.
 
-Three kinds of ids are supported:
+Two kinds of ids are supported:
 
 * Atari (`PongNoFrameskip-v4`, `ALE/Pong-v5`, ...), through ale-py. The
   pipeline of Mnih et al. 2015 / Machado et al. 2018, as IMPALA used it:
@@ -15,8 +15,14 @@ Three kinds of ids are supported:
     -> FrameStack          the last 4 frames, uint8 HWC [84, 84, 4]
 
   Rewards are NOT clipped here: the loss clips them.
-* Classic control (`CartPole-v1`, `Acrobot-v1`, ...) and
-* MuJoCo (`HalfCheetah-v5`, ...): plain vector envs with float32 observations.
+* Every other id gymnasium knows (classic control, MuJoCo, and the ids a user's module registers,
+  see experiment.py's --env_module), or an entry point `pkg.module:ClassName`, made plainly
+  (gymnasium's own wrappers from its registration, e.g. the time limit) plus GameStats. Its
+  spaces pick the kind: a 1-D Box observation is a vector (cast to float32, for the MLP agents),
+  a 3-D uint8 Box [H, W, C] an image (for the conv agents). Other observation spaces (Dict,
+  Tuple, Discrete, Text, ...) and action spaces other than Discrete and 1-D Box are refused with
+  UnknownEnvError when the env is made (experiment.py's checks make one through env_spec before
+  anything starts).
 
 For every kind, `info["episode"] = {"r": float, "l": int}` appears on the step
 where a real episode ends (for Atari the whole game, all lives, even with
@@ -27,6 +33,7 @@ reports its stats in the info returned by reset().
 import difflib
 import fnmatch
 import functools
+import importlib
 from typing import NamedTuple
 
 import ale_py
@@ -38,7 +45,6 @@ gym.register_envs(ale_py)
 
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 ATARI_PATTERNS = ("*NoFrameskip-v4", "ALE/*-v5")
-VECTOR_ENTRY_POINTS = ("gymnasium.envs.classic_control.", "gymnasium.envs.mujoco.")
 NOOP_MAX = 30
 FRAME_SKIP = 4
 FRAME_SIZE = 84
@@ -62,21 +68,60 @@ class EnvSpec(NamedTuple):
 # ---------------------------------------------------------------------------
 # Which ids are supported (decided from the registry alone: no env is made).
 
+# Ids gymnasium keeps only to say that they need mujoco-py, which it no longer supports.
+STUB_ENTRY_POINTS = ("_raise_mujoco_py_error",)
+
+
+def _first_line(e):
+    return "%s: %s" % (type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
+
+
+def import_env_modules(names):
+    """Imports each module of --env_module, whose import registers its envs with gymnasium.
+    Raises ImportError with one line naming the module and the import's own error."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # any error of the user's module, not only ImportError
+            raise ImportError("importing %s failed (%s); the module must be importable in every process "
+                              "that makes envs (installed, or its folder on PYTHONPATH)" % (name, _first_line(e)))
+
+
+def _resolve(env_id):
+    """gymnasium's EnvSpec of an id, or None when it names no env. Besides registered ids two forms
+    name an env through its module: gymnasium's own `module:EnvId-v0` (importing the module
+    registers EnvId-v0) and an entry point `pkg.module:ClassName`, which gymnasium.make does not
+    take by itself: it is registered here under that whole id the first time it is seen."""
+    spec = gym.registry.get(env_id)
+    if spec is not None or ":" not in env_id:
+        return spec
+    module_name, name = env_id.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise UnknownEnvError("environment id %r: importing module %r failed (%s); it must be importable "
+                              "(installed, or its folder on PYTHONPATH)" % (env_id, module_name, _first_line(e)))
+    spec = gym.registry.get(name)
+    if spec is None and callable(getattr(module, name, None)):
+        gym.register(id=env_id, entry_point=env_id)
+        spec = gym.registry.get(env_id)
+    return spec
+
 
 def _kind_of(env_id):
-    """'atari', 'vector', or None for an unsupported/unknown id."""
-    spec = gym.registry.get(env_id)
-    entry = spec.entry_point if spec is not None else None
-    if not isinstance(entry, str):  # unknown, or a stub that raises (mujoco-py v2/v3)
+    """'atari', 'gym' (any other env gymnasium can make), or None for an unknown/refused id."""
+    spec = _resolve(env_id)
+    entry = getattr(spec, "entry_point", None)
+    if entry is None or getattr(entry, "__name__", None) in STUB_ENTRY_POINTS:
         return None
     if entry == ATARI_ENTRY_POINT:
         ok = any(fnmatch.fnmatchcase(env_id, p) for p in ATARI_PATTERNS)
         return "atari" if ok else None
-    return "vector" if entry.startswith(VECTOR_ENTRY_POINTS) else None
+    return "gym"
 
 
 def _kind(env_id):
-    """'atari' or 'vector'; raises UnknownEnvError naming the id otherwise."""
+    """'atari' or 'gym'; raises UnknownEnvError naming the id otherwise."""
     if not isinstance(env_id, str):
         raise UnknownEnvError(f"env id must be a string, got {env_id!r}")
     kind = _kind_of(env_id)
@@ -86,7 +131,9 @@ def _kind(env_id):
     if entry == ATARI_ENTRY_POINT:
         reason = "is an Atari id of another family (v0, or v4 with its own frame skip)"
     elif env_id in gym.registry:
-        reason = "is a gymnasium id of a kind this trainer does not support"
+        reason = "is a gymnasium id that needs mujoco-py, which gymnasium no longer supports (use its -v5 id)"
+    elif ":" in env_id:
+        reason = "names neither an id its module registers nor a class or function of that module"
     else:
         reason = "is not a registered gymnasium id"
     supported = [i for i in gym.registry if _kind_of(i) is not None]
@@ -95,8 +142,8 @@ def _kind(env_id):
     raise UnknownEnvError(
         f"unknown environment id {env_id!r}: it {reason}. Supported are Atari "
         f"ids '<Game>NoFrameskip-v4' or 'ALE/<Game>-v5' (e.g. PongNoFrameskip-v4, "
-        f"ALE/Breakout-v5), classic control (e.g. CartPole-v1, Acrobot-v1) and "
-        f"MuJoCo (e.g. HalfCheetah-v5, Hopper-v5).{hint}")
+        f"ALE/Breakout-v5), any other id gymnasium knows (e.g. CartPole-v1, HalfCheetah-v5, or one "
+        f"your module registers: --env_module=PKG.MODULE) and entry points 'pkg.module:ClassName'.{hint}")
 
 
 def is_atari(env_id: str) -> bool:
@@ -260,8 +307,42 @@ class Float32Observation(gym.ObservationWrapper):
         return np.asarray(observation, dtype=np.float32)
 
 
-def _make_vector(env_id, render_mode=None):
-    return GameStats(Float32Observation(gym.make(env_id, render_mode=render_mode)))
+class ZeroBasedActions(gym.ActionWrapper):
+    """Discrete(n, start=s) as Discrete(n): the agents' actions are 0..n-1."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self._start = int(env.action_space.start)
+        self.action_space = gym.spaces.Discrete(int(env.action_space.n))
+
+    def action(self, action):
+        return self._start + int(action)
+
+
+def _is_vector(space):
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+
+
+def _is_image(space):
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+
+
+def _make_plain(env_id, render_mode=None):
+    """Any non-Atari env as its registration makes it, plus the episode statistics; vector
+    observations as float32 (MuJoCo's are float64). Raises UnknownEnvError for spaces the agents
+    cannot take."""
+    # render_mode only when asked for: a user's env need not take the argument
+    env = gym.make(_resolve(env_id), **({} if render_mode is None else {"render_mode": render_mode}))
+    try:
+        _check_spaces(env_id, env.observation_space, env.action_space)
+    except UnknownEnvError:
+        env.close()
+        raise
+    if _is_vector(env.observation_space):
+        env = Float32Observation(env)
+    if isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.start != 0:
+        env = ZeroBasedActions(env)
+    return GameStats(env)
 
 
 def make_env(env_id: str, seed: int | None = None, training: bool = True,
@@ -282,7 +363,7 @@ def make_env(env_id: str, seed: int | None = None, training: bool = True,
     if _kind(env_id) == "atari":
         env = _make_atari(env_id, training, render_mode, _gym_frame_size(frame_size), max_episode_frames)
     else:
-        env = _make_vector(env_id, render_mode)
+        env = _make_plain(env_id, render_mode)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -305,7 +386,14 @@ def _gym_frame_size(frame_size):
 
 @functools.lru_cache(maxsize=None)
 def _env_spec(env_id, frame_size):
-    return _spec_of(make_env(env_id, training=False, frame_size=frame_size), env_id)
+    _kind(env_id)  # an unknown id says so, before anything is made
+    try:
+        env = make_env(env_id, training=False, frame_size=frame_size)
+    except UnknownEnvError:
+        raise
+    except Exception as e:  # the user's env may raise anything: one line, nothing started
+        raise UnknownEnvError("making environment %r failed (%s)" % (env_id, _first_line(e))) from None
+    return _spec_of(env, env_id)
 
 
 def env_spec(env_id: str, frame_size=FRAME_SIZE) -> EnvSpec:
@@ -313,15 +401,28 @@ def env_spec(env_id: str, frame_size=FRAME_SIZE) -> EnvSpec:
     return _env_spec(env_id, _gym_frame_size(frame_size))
 
 
+def _space_text(space):
+    text = " ".join(str(space).split())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _check_spaces(env_id, obs_space, act_space):
+    """Raises UnknownEnvError for spaces the agents cannot take, naming the space and what would do."""
+    if not (_is_vector(obs_space) or _is_image(obs_space)):
+        raise UnknownEnvError(
+            f"environment {env_id!r} has observation space {_space_text(obs_space)}; supported are a 1-D Box "
+            f"(vectors, for MLPAgent and MLPLSTMAgent) and a 3-D uint8 Box [height, width, channels] (images, "
+            f"for the conv agents): flatten or one-hot it with an observation wrapper in the env's module")
+    if not (isinstance(act_space, gym.spaces.Discrete) or _is_vector(act_space)):
+        raise UnknownEnvError(
+            f"environment {env_id!r} has action space {_space_text(act_space)}; supported are Discrete "
+            f"and 1-D Box action spaces")
+
+
 def _spec_of(env, env_id):
     try:
         obs_space, act_space = env.observation_space, env.action_space
         discrete = isinstance(act_space, gym.spaces.Discrete)
-        if not discrete and not (isinstance(act_space, gym.spaces.Box)
-                                 and len(act_space.shape) == 1):
-            raise UnknownEnvError(
-                f"environment {env_id!r} has action space {act_space}; only "
-                f"Discrete and 1-D Box action spaces are supported")
         return EnvSpec(
             obs_shape=tuple(obs_space.shape),
             obs_dtype=np.dtype(obs_space.dtype),

@@ -22,6 +22,7 @@ from impala.stopping import StopSignal
 from impala.timings import Timings
 
 PHASES = ("env", "inference", "transfer")  # the order of an unroll's actor_timing
+ENV_CRASH_LOOP_EXIT = 6  # envs.batch.MAX_CRASHES_IN_A_ROW env crashes with no successful step between
 
 
 class EnvGroup:
@@ -37,9 +38,10 @@ class EnvGroup:
         batch.reset(self.obs)
 
 
-def make_groups(flags, task, agent, env_spec):
+def make_groups(flags, seed_index, agent, env_spec, log=None):
     """--env_groups groups of envs splitting the actor's --envs_per_actor; env i of the actor
-    is seeded with seed * 100003 + task * E + i whatever the backend and grouping."""
+    is seeded with seed * 100003 + seed_index * E + i whatever the backend and grouping
+    (seed_index: placement.actor_seed_index, the actor's --task in the SPMD form)."""
     E, G = flags.envs_per_actor, flags.env_groups
     backend = env_batch.resolve_backend(flags.env_backend, flags.level_name)
     if G == 0:  # auto: overlap only where a group can step while another infers
@@ -48,9 +50,9 @@ def make_groups(flags, task, agent, env_spec):
         raise ValueError("--env_groups=%d must be 0 (auto) or divide --envs_per_actor=%d" % (G, E))
     n, groups = E // G, []
     for g in range(G):
-        batch = env_batch.make_batch(backend, flags.level_name, n, flags.seed * 100003 + task * E + g * n,
+        batch = env_batch.make_batch(backend, flags.level_name, n, flags.seed * 100003 + seed_index * E + g * n,
                                      training=True, frame_size=agent_lib.frame_size_of(flags),
-                                     threads=flags.env_threads)
+                                     threads=flags.env_threads, log=log)
         groups.append(EnvGroup(batch, slice(g * n, (g + 1) * n), env_spec.obs_shape, env_spec.obs_dtype,
                                agent.initial_state(n)))
     return groups
@@ -82,6 +84,7 @@ def fill_unroll(groups, buf, step, T, timings):
         infer(g, 0)
     buf["episode_end"][:] = False
     buf["timeout_value"][:] = 0.0
+    buf["env_crashes"][:] = 0
     for t in range(T):
         for g in groups:
             t0 = time.perf_counter()
@@ -91,6 +94,7 @@ def fill_unroll(groups, buf, step, T, timings):
             buf["episode_end"][rows, t] = r.episode_end
             buf["episode_return"][rows, t] = r.episode_return
             buf["episode_length"][rows, t] = r.episode_length
+            buf["env_crashes"][rows] += r.crashes
             transport.put_observation(buf, rows, t + 1, g.obs, r.episode_end)  # a new game: a new stack
             buf["first"][rows, t + 1] = g.first = r.done
             timings.add("env", time.perf_counter() - t0)
@@ -115,14 +119,14 @@ def make_step(agent, n, env_spec):
 class Actor:
     """One actor process: its agent, envs, link to the learner and the unroll being filled."""
 
-    def __init__(self, flags, task, log):
-        self.flags, self.task, self.log = flags, task, log
-        self.learner = flags.learner_hosts[task % len(flags.learner_hosts)]
-        tf.random.set_seed(flags.seed * 7919 + task)
+    def __init__(self, flags, task, learner, seed_index, log):
+        self.flags, self.task, self.log, self.learner = flags, task, log, learner
+        tf.random.set_seed(flags.seed * 7919 + seed_index)
         self.agent, self.spec, env_spec = agent_lib.build_from_flags(flags)
         self.set_weights = agent_lib.make_weight_setter(nets.published_variables(self.agent))
         self.refresh_casts = nets.freeze_casts(self.agent)  # bfloat16 copies of the torso, cast once per update
-        self.groups = make_groups(flags, task, self.agent, env_spec)
+        self.groups = make_groups(flags, seed_index, self.agent, env_spec,
+                                  log=lambda msg: log("actor %d: %s" % (task, msg)))
         self.step = make_step(self.agent, flags.envs_per_actor // len(self.groups), env_spec)
         self.client = transport.ActorClient(self.learner, self.spec, flags.queue_capacity, flags.batch_size)
         self.buf = {f.name: np.zeros((flags.envs_per_actor,) + f.shape, f.dtype) for f in self.spec.fields}
@@ -156,19 +160,30 @@ class Actor:
         self.client.reset()
 
 
-def run(flags, task, log=print):
-    """The actor's life: connect, then unrolls until a signal, the run's end or a lost learner.
-    Returns the exit code (0, or 3 when the learner could not be reached)."""
+def run(flags, task, learner, seed_index=None, log=print):
+    """The actor's life: connect to `learner` (host:port), then unrolls until a signal, the run's
+    end or a lost learner. `task` is its id at that learner; `seed_index` tells its seeds apart
+    from every other actor's (default: task). Returns the exit code (0, 3 when the learner
+    could not be reached, ENV_CRASH_LOOP_EXIT when its envs crash again and again)."""
     devices.set_threads(flags.actor_threads)  # before TensorFlow runs its first op
     stop = StopSignal()
-    actor = Actor(flags, task, log)
+    try:
+        actor = Actor(flags, task, learner, task if seed_index is None else seed_index, log)
+    except env_batch.EnvCrashLoop as e:  # already in the envs' first reset
+        log("actor %d: ERROR: %s" % (task, e))
+        return ENV_CRASH_LOOP_EXIT
     log("actor %d: %d x %s (%s envs in %d group(s)), agent %s, learner %s"
         % (task, flags.envs_per_actor, flags.level_name, env_batch.resolve_backend(flags.env_backend, flags.level_name),
            len(actor.groups), flags.agent_name, actor.learner))
     if not sender_lib.connect(actor.client, flags.actor_reconnect_timeout_s, stop, log):
         actor.close()
         return 0 if stop() else 3
-    sent, gave_up = _send_until_stopped(actor, stop)
+    try:
+        sent, gave_up = _send_until_stopped(actor, stop)
+    except env_batch.EnvCrashLoop as e:
+        log("actor %d: ERROR: %s" % (task, e))
+        actor.close()
+        return ENV_CRASH_LOOP_EXIT
     actor.close()
     log("actor %d: stopped after %d unrolls%s" % (task, sent, "; gave up on the learner" if gave_up else ""))
     return 3 if gave_up else 0

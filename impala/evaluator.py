@@ -77,18 +77,18 @@ def greedy_policy(agent):
     return greedy
 
 
-def run_evaluator(flags, logdir, log=print):
+def run_evaluator(flags, logdir, learner, log=print):
     """The test worker: every --test_every_s it loads the newest published weights
-    of learner 0 and plays --test_num_episodes episodes greedily, recording evaluation
+    of `learner` (host:port of learner 0) and plays --test_num_episodes episodes greedily, recording evaluation
     returns apart from the training returns: <logdir>/eval.csv and TensorBoard
     (<logdir>/eval, charts/eval_*). Returns the exit code."""
     stop = StopSignal()
     agent, spec, _ = agent_lib.build_from_flags(flags)  # the queue's spec, as actors send
     set_weights = agent_lib.make_weight_setter(nets.published_variables(agent))
     env = EvalEnv(flags.level_name, flags.env_backend, flags.seed + 777, agent_lib.frame_size_of(flags))
-    client = transport.ActorClient(flags.learner_hosts[0], spec, flags.queue_capacity, flags.batch_size)
+    client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)
     log("evaluator: %s, %d episodes every %.0f s, learner %s"
-        % (flags.level_name, flags.test_num_episodes, flags.test_every_s, flags.learner_hosts[0]))
+        % (flags.level_name, flags.test_num_episodes, flags.test_every_s, learner))
     if not sender_lib.connect(client, flags.actor_reconnect_timeout_s, stop, log):
         env.close()
         return 0 if stop() else 3

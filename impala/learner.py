@@ -238,7 +238,7 @@ class Learner:
             print("[learner %d] learning rate %g from --learning_rate (the checkpoint had %g)"
                   % (self.rank, self.flags.learning_rate, saved_rate), flush=True)
         if self.mixer is not None:
-            replay_files.load(self.mixer, prefix, self.rank)
+            replay_files.load(self.mixer, prefix, self.rank, fields=self.spec.names)
         return prefix
 
     def save(self):

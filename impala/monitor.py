@@ -17,19 +17,21 @@ METRICS_COLUMNS = ("time_s", "frames", "updates", "fps", "mean_return_20", "epis
 # TensorBoard tags of the figures outside the update's own (those go under losses/).
 METRICS_TAGS = {"mean_return_20": "charts/episode_return_mean20", "learning_rate": "charts/learning_rate",
                 "fps": "perf/frames_per_second", "queue_fill": "perf/queue_fill", "policy_lag": "perf/policy_lag",
-                "replay_nbytes": "perf/replay_nbytes"}
+                "replay_nbytes": "perf/replay_nbytes", "env_crashes": "charts/env_crashes"}
 
 
 class Stats:
     """Running figures of the live unrolls for the progress line, TensorBoard and the report."""
 
     # The fields of a batch that add_batch() reads.
-    FIELDS = ("episode_end", "episode_return", "episode_length", "actor_id", "actor_timing", "policy_version")
+    FIELDS = ("episode_end", "episode_return", "episode_length", "actor_id", "actor_timing", "policy_version",
+              "env_crashes")
 
     def __init__(self):
         self.returns = collections.deque(maxlen=100)
         self.lengths = collections.deque(maxlen=100)
         self.episodes = 0
+        self.env_crashes = 0  # exceptions of the actors' envs, each ending an episode early
         self.timings = Timings("wait", "learn", "publish")  # the update loop's
         self.actor_time = np.zeros(3)  # env, inference, transfer (impala.actor.PHASES), summed over unrolls
         self.actor_unrolls = 0
@@ -46,6 +48,7 @@ class Stats:
         for a in np.unique(batch["actor_id"]):
             self.last_seen[int(a)] = now
         self.actor_time += batch["actor_timing"].sum(axis=0)
+        self.env_crashes += int(batch["env_crashes"].sum())
         self.actor_unrolls += len(batch["actor_id"])
         self.lag.extend((version - batch["policy_version"]).tolist())
 
@@ -148,7 +151,7 @@ class Progress:
             row = dict({k: float(v) for k, v in figures["step_stats"].items()}, time_s=now - self.start,
                        frames=frames, updates=figures["updates"], fps=fps, queue_fill=figures["queue_fill"],
                        mean_return_20=st.mean_return(), mean_return_100=st.mean_return(100),
-                       episodes=st.episodes, policy_lag=st.mean_lag(),
+                       episodes=st.episodes, policy_lag=st.mean_lag(), env_crashes=st.env_crashes,
                        replay_nbytes=figures["replay_nbytes"])
             self.rows.write(row, step=frames)
         self.last_log, self.last_log_frames = now, frames
@@ -166,7 +169,8 @@ def progress_line(rank, frames, total, fps, st, figures, elapsed, alive, num_act
                100 * figures["queue_fill"], st.mean_lag(), alive, num_actors,
                float(figures["step_stats"].get("total_loss", float("nan"))),
                time.strftime("%H:%M:%S", time.gmtime(elapsed)),
-               "%02d:%02d:%02d" % (eta_s // 3600, eta_s % 3600 // 60, eta_s % 60)))
+               "%02d:%02d:%02d" % (eta_s // 3600, eta_s % 3600 // 60, eta_s % 60))
+            + (" | %d env crashes" % st.env_crashes if st.env_crashes else ""))
 
 
 def _si(n):

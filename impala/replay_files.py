@@ -55,9 +55,10 @@ def _step_of(path):
     return int(re.search(r"replay-(\d+)-rank", os.path.basename(path)).group(1))
 
 
-def load(mixer, prefix, rank, log=print):
+def load(mixer, prefix, rank, log=print, fields=None):
     """Restores this rank's replay state saved with checkpoint `prefix` (".../ckpt-<N>");
-    False, with a warning, when there is none or it does not fit this run."""
+    False, with a warning, when there is none or it does not fit this run (`fields`: the names
+    of this run's unroll fields, which stored unrolls must have)."""
     match = re.search(r"-(\d+)$", prefix)
     path = path_for(os.path.dirname(prefix), int(match.group(1)), rank) if match else None
     if path is None or not os.path.exists(path):
@@ -66,7 +67,9 @@ def load(mixer, prefix, rank, log=print):
         return False
     try:
         with lz4.frame.open(path, "rb") as f:  # a local file this program wrote
-            mixer.load_state_dict(pickle.load(f))
+            state = pickle.load(f)
+        _check_fields(state, fields)
+        mixer.load_state_dict(state)
     except (OSError, ValueError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
         log("[learner %d] WARNING: %s not used (%s); the replay starts afresh" % (rank, path, e))
         return False
@@ -74,6 +77,18 @@ def load(mixer, prefix, rank, log=print):
         rank, os.path.basename(prefix), stored_unrolls(mixer),
         ", digest %s" % digest(mixer) if stored_unrolls(mixer) else ""))
     return True
+
+
+def _check_fields(state, fields):
+    """ValueError when the stored unrolls' fields are not this run's (saved by a version of the
+    program with another unroll layout): training on them would fail."""
+    if fields is None:
+        return
+    for source in state.get("sources", []):
+        for item in list(source.get("slots") or []) + list(source.get("carry") or []):
+            if item is not None and set(item) != set(fields):
+                raise ValueError("its unrolls lack the fields %s and have the fields %s of another unroll layout"
+                                 % (sorted(set(fields) - set(item)), sorted(set(item) - set(fields))))
 
 
 def stored_unrolls(mixer):

@@ -150,10 +150,13 @@ def finish(learner, tp, trainer, reason, exit_code, logdir, log):
     log(report["text"])
     if tp.repeats.dropped:
         log("[learner %d] %d repeated unroll(s) dropped (re-sent after an enqueue timed out)" % (rank, tp.repeats.dropped))
+    if st.env_crashes:
+        log("[learner %d] %d env crash(es) in its actors' envs (each ended an episode early; the actor logs show "
+            "why)" % (rank, st.env_crashes))
     if learner.is_chief:
         summary = {"reason": reason, "frames": frames, "elapsed_s": elapsed, "mean_return_20": st.mean_return(),
                    "episodes": st.episodes, "checkpoint": path, "time_breakdown": report["numbers"],
-                   "repeated_unrolls_dropped": tp.repeats.dropped}
+                   "repeated_unrolls_dropped": tp.repeats.dropped, "env_crashes": st.env_crashes}
         write_summary(learner, summary, logdir, log)
     trainer.monitor.close()
     # Give actors a moment to see the closed queue before the server goes away.

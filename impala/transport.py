@@ -82,6 +82,8 @@ def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_stat
         Field("policy_version", np.dtype(np.int64), ()),
         # Seconds the actor spent on [env steps, inference, transfer] for this unroll.
         Field("actor_timing", np.dtype(np.float32), (3,)),
+        # Env crashes during this unroll (envs.batch makes a crashed env anew and goes on).
+        Field("env_crashes", np.dtype(np.int32), ()),
         # Exactly-once delivery: a random id per actor process and its unrolls' numbers from 1
         # (0: unnumbered, never dropped). An enqueue that timed out after the queue took part of
         # it is sent again whole; the learner drops what it already took (RepeatFilter).

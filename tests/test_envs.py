@@ -130,7 +130,7 @@ def test_same_seed_same_observations():
     np.testing.assert_array_equal(rollout(), rollout())
 
 
-@pytest.mark.parametrize("bad_id", ["Pongg-v4", "NoSuchGame", "Pong-v4", "FrozenLake-v1"])
+@pytest.mark.parametrize("bad_id", ["Pongg-v4", "NoSuchGame", "Pong-v4", "HalfCheetah-v3"])
 def test_unknown_id_raises_a_clear_error(bad_id):
     for call in (envs.make_env, envs.env_spec, envs.is_atari):
         with pytest.raises(envs.UnknownEnvError) as err:
@@ -139,6 +139,15 @@ def test_unknown_id_raises_a_clear_error(bad_id):
         assert repr(bad_id) in message
         assert "NoFrameskip-v4" in message and "CartPole-v1" in message
     assert issubclass(envs.UnknownEnvError, ValueError)
+
+
+def test_a_known_id_with_spaces_the_agents_cannot_take_is_refused_by_its_space():
+    """FrozenLake's observations are Discrete(16): a known id, refused once made, naming the space."""
+    assert not envs.is_atari("FrozenLake-v1")
+    for call in (envs.make_env, envs.env_spec):
+        with pytest.raises(envs.UnknownEnvError, match=r"'FrozenLake-v1' has observation space Discrete\(16\); "
+                                                        r"supported are a 1-D Box"):
+            call("FrozenLake-v1")
 
 
 def test_unknown_id_suggests_close_ids():

@@ -133,12 +133,12 @@ class RemoteHost:
 def connect_hosts(cluster, strict=True) -> dict:
     """Host key -> connected host, for this machine and every remote host in the CSV.
     strict: raise one HostError naming every unreachable host; else print and skip them."""
-    if FLAGS.ssh_insecure_ignore_host_keys and any(not w.is_local for w in cluster.learners + cluster.actors):
+    if FLAGS.ssh_insecure_ignore_host_keys and any(not w.is_local for w in cluster.workers):
         print("WARNING: --ssh_insecure_ignore_host_keys: SSH host keys are NOT checked; anyone on the network "
               "path could pose as the hosts.", file=sys.stderr)
     hosts = {"local": LocalHost()}
     problems = []
-    for w in cluster.learners + cluster.actors:
+    for w in cluster.workers:
         key = host_key(w)
         if key in hosts:
             continue

@@ -82,6 +82,7 @@ def prelude(plan=None, key=None) -> str:
     if plan is not None:
         ours += ["learner-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.learners) else []
         ours += [f"actor-{w.index}" for w in plan.cluster.actors if hosts_lib.host_key(w) == key]
+        ours += ["evaluator-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.evaluators) else []
     return (f"T={shlex.quote(tmux)}\n"
             f"S={shlex.quote(FLAGS.tmux_sess)}\n"
             f"export MARK={shlex.quote(plan.marker if plan else '')} OURS={shlex.quote(' '.join(ours))}\n"
@@ -231,10 +232,11 @@ def start(plan, hosts) -> int:
     write_cluster_json(plan, labels)
     learners_log = plan.learners_window.log
     try:
-        for key in [k for k in hosts if any(w.host == k for w in plan.actor_windows)]:
-            windows = [w for w in plan.actor_windows if w.host == key]
+        for key in [k for k in hosts if any(w.host == k for w in plan.first_windows)]:
+            windows = [w for w in plan.first_windows if w.host == key]
             _run_or_raise(hosts[key], start_windows_script(windows, plan), f"starting actors on {labels[key]}")
-            print(f"started {len(windows)} actor(s) on {labels[key]}: "
+            extra = " and the evaluator" if any(w in plan.evaluator_windows for w in windows) else ""
+            print(f"started {sum(w in plan.actor_windows for w in windows)} actor(s){extra} on {labels[key]}: "
                   f"{', '.join(w.name for w in windows)}", flush=True)
         _run_or_raise(hosts["local"], start_windows_script([plan.learners_window], plan), "starting mpirun")
         print(f"started {len(plan.cluster.learners)} learner(s) with mpirun in tmux window "

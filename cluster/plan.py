@@ -47,7 +47,7 @@ class UsageError(Exception):
 
 @dataclasses.dataclass
 class Window:
-    name: str      # tmux window: "actor_<i>" or "learners"
+    name: str      # tmux window: "actor_<i>", "evaluator_0" or "learners"
     host: str      # key into the hosts dict: "local" or "user@ip:port"
     argv: list     # the command
     env: dict      # extra environment
@@ -60,12 +60,21 @@ class Plan:
     cluster: workers_csv.Cluster
     training_flags: list
     logdir: str
-    windows: list        # actor windows first (started first), then the learners window
+    windows: list        # actor windows, the evaluator's (started first), then the learners window
     marker: str          # a string only this run's worker command lines contain
 
     @property
+    def first_windows(self):
+        """Every window started before mpirun: the actors' and the evaluator's."""
+        return self.windows[:-1]
+
+    @property
     def actor_windows(self):
-        return [w for w in self.windows if w.name != "learners"]
+        return [w for w in self.windows if w.name.startswith("actor_")]
+
+    @property
+    def evaluator_windows(self):
+        return [w for w in self.windows if w.name.startswith("evaluator_")]
 
     @property
     def learners_window(self):
@@ -118,7 +127,7 @@ def mpirun_argv(cluster, logdir, training_flags) -> list:
                                   'exec "$@"', logs]
     rank_cmd = rank_wrapper + worker_argv(cluster, "learner", None, logdir, training_flags)
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-            "-x", "PYTHONUNBUFFERED=1"]
+            "-x", "PYTHONUNBUFFERED=1"] + [a for k in _passed_env() for a in ("-x", k)]
     remote = [w for w in learners if not w.is_local]
     if remote:
         argv += ["-mca", "plm_rsh_args", hosts_lib.mpirun_ssh_args(remote[0])]
@@ -151,16 +160,26 @@ def mpirun_argv(cluster, logdir, training_flags) -> list:
     return argv
 
 
+def _passed_env():
+    """The frontend's PYTHONPATH goes to every worker, so an --env_module kept on it (with the repository
+    on a shared path, as mpirun needs anyway) is found on the other hosts too."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+
+
 def make_plan(cluster, training_flags, logdir) -> Plan:
     windows = []
     logs = os.path.join(logdir, "logs")
     for a in cluster.actors:
-        env = {"PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONUNBUFFERED": "1", **_passed_env()}
         if a.cuda_visible_devices:
             env["CUDA_VISIBLE_DEVICES"] = a.cuda_visible_devices
         windows.append(Window(name=a.name, host=hosts_lib.host_key(a), env=env, title=f"actor {a.index}",
                               argv=worker_argv(cluster, "actor", a.index, logdir, training_flags),
                               log=os.path.join(logs, f"{a.name}.log")))
+    for e in cluster.evaluators:  # a gRPC client of learner 0, like an actor; never on a GPU
+        windows.append(Window(name=e.name, host=hosts_lib.host_key(e), env={"PYTHONUNBUFFERED": "1", **_passed_env()},
+                              title="evaluator", argv=worker_argv(cluster, "evaluator", None, logdir, training_flags),
+                              log=os.path.join(logs, f"{e.name}.log")))
     windows.append(Window(name="learners", host="local", env={}, title="learners (mpirun)",
                           argv=mpirun_argv(cluster, logdir, training_flags),
                           log=os.path.join(logs, "learners.log")))
@@ -273,6 +292,8 @@ def print_plan(plan, hosts_labels):
               f"{hosts_labels[hosts_lib.host_key(learner)]}  CUDA_VISIBLE_DEVICES={cvd}")
         for a in actors:
             print(f"      actor {a.index}  {a.address}  on {hosts_labels[hosts_lib.host_key(a)]}")
+    for e in c.evaluators:
+        print(f"  evaluator (plays learner 0's policy)  on {hosts_labels[hosts_lib.host_key(e)]}")
     print("Commands:")
     for w in plan.windows:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in w.env.items())
@@ -294,6 +315,7 @@ def write_cluster_json(plan, hosts_labels):
                           actors=[a.index for a in actors]) for w, actors in c.assignment()],
         "actors": [dict(w.masked(), task=w.index, learner=w.index % len(c.learners),
                         host=hosts_labels[hosts_lib.host_key(w)]) for w in c.actors],
+        "evaluators": [dict(w.masked(), host=hosts_labels[hosts_lib.host_key(w)]) for w in c.evaluators],
         "windows": [{"window": w.name, "host": hosts_labels[w.host], "env": w.env, "log": w.log,
                      "command": shlex.join(w.argv)} for w in plan.windows],
     }

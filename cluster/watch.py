@@ -100,6 +100,15 @@ def status(plan, hosts) -> int:
         else:
             print(f"  {w.title:<9} {_dead(p)}  on {labels[w.host]}  log: {w.log}")
     ok &= alive == len(plan.actor_windows) and not not_connected
+    for w in plan.evaluator_windows:
+        p = panes.get((w.host, w.name))
+        if w.host not in procs:
+            print(f"  {w.title:<9} UNKNOWN (cannot reach {w.host})")
+        elif p and p.alive:
+            print(f"  {w.title:<9} alive (pid {p.pid})  plays learner 0's policy  on {labels[w.host]}  log: {w.log}")
+        else:
+            ok &= bool(p) and p.exit_status == "0"
+            print(f"  {w.title:<9} {_dead(p)}  on {labels[w.host]}  log: {w.log}")
     print(f"summary: learners {'up' if panes.get(('local', 'learners'), PaneState(False, 0, '')).alive else 'down'},"
           f" {alive}/{len(plan.actor_windows)} actors alive"
           + (f", {not_connected} of them not connected to their learner" if not_connected else ""))

@@ -6,8 +6,9 @@ One row per process, a header line first:
     learner,127.0.0.1,8001,,,,
     actor,10.0.0.7,8002,,22,ubuntu,,~/.ssh/id_ed25519
 
-- job: `learner` or `actor`. Learner r (r-th learner row) is Horovod rank r; actor i
-  (i-th actor row) feeds learner i % K (round-robin, see `assign`).
+- job: `learner`, `actor` or `evaluator`. Learner r (r-th learner row) is Horovod rank r; actor i
+  (i-th actor row) feeds learner i % K (round-robin, see `assign`). At most one evaluator row:
+  the test worker, which plays learner 0's current policy greedily (eval.csv in the run folder).
 - ip, tf_port: the process's address. Learners serve their queue there; actors are
   gRPC clients and only use it as their name in --actor_hosts.
 - cuda_visible_devices: empty (inherit the environment), `-1` (no GPU) or a
@@ -34,7 +35,7 @@ import psutil
 REQUIRED_COLUMNS = ("job", "ip", "tf_port", "cuda_visible_devices",
                     "ssh_port", "ssh_username", "ssh_password")
 OPTIONAL_COLUMNS = ("ssh_key_file",)
-JOBS = ("learner", "actor")
+JOBS = ("learner", "actor", "evaluator")
 
 _HOSTNAME_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 _GPU_ID = re.compile(r"^(\d+|(GPU|MIG)-[A-Za-z0-9/-]+)$")
@@ -46,7 +47,7 @@ class WorkersCsvError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Worker:
-    job: str                   # "learner" | "actor"
+    job: str                   # "learner" | "actor" | "evaluator"
     index: int                 # position among the rows of its job: learner rank / actor task
     line: int                  # line number in the CSV (1-based), for messages
     ip: str
@@ -84,6 +85,11 @@ class Cluster:
     learners: list
     actors: list
     warnings: list  # messages to print once (e.g. passwords in the file)
+    evaluators: list = dataclasses.field(default_factory=list)  # none or one
+
+    @property
+    def workers(self) -> list:
+        return self.learners + self.actors + self.evaluators
 
     @property
     def learner_hosts(self) -> str:
@@ -134,7 +140,9 @@ def load(path, local=None) -> Cluster:
     errors.raise_if_any()
     learners = [dataclasses.replace(w, index=r) for r, w in enumerate(x for x in workers if x.job == "learner")]
     actors = [dataclasses.replace(w, index=i) for i, w in enumerate(x for x in workers if x.job == "actor")]
-    return Cluster(path=path, learners=learners, actors=actors, warnings=_password_warnings(path, workers))
+    evaluators = [dataclasses.replace(w, index=0) for w in workers if w.job == "evaluator"]
+    return Cluster(path=path, learners=learners, actors=actors, warnings=_password_warnings(path, workers),
+                   evaluators=evaluators)
 
 
 class _Problems:
@@ -227,6 +235,10 @@ def _check_whole_file(path, workers, jobs_named, errors):
                            f"give each worker its own ip:tf_port")
         else:
             seen[key] = w.line
+    evaluators = [w.line for w in workers if w.job == "evaluator"]
+    for line in evaluators[1:]:
+        errors(line, f"a second evaluator row (the first is on line {evaluators[0]}); a run has one "
+                     f"evaluator, which writes the run's eval.csv")
     if "learner" not in jobs_named:
         errors.whole_file("no learner row; add one, e.g. learner,127.0.0.1,8001,,,,")
     if "actor" not in jobs_named:
@@ -262,7 +274,7 @@ def _parse_row(row, lineno, csv_dir, local, err):
 
     job = row["job"].lower()
     if job not in JOBS:
-        bad("job", f"{row['job']!r} is not a job; write learner or actor")
+        bad("job", f"{row['job']!r} is not a job; write learner, actor or evaluator")
 
     ip = row["ip"]
     if ip.startswith("[") and ip.endswith("]"):

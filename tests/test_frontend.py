@@ -36,7 +36,7 @@ FAKE_EXPERIMENT = r'''
 import os, signal, sys, time
 from absl import app, flags
 flags.DEFINE_string("logdir", None, "")
-flags.DEFINE_enum("job_name", "learner", ["learner", "actor"], "")
+flags.DEFINE_enum("job_name", "learner", ["learner", "actor", "evaluator"], "")
 flags.DEFINE_integer("task", 0, "")
 flags.DEFINE_list("learner_hosts", [], "")
 flags.DEFINE_list("actor_hosts", [], "")
@@ -54,6 +54,8 @@ def main(argv):
     if F.job_name == "actor":
         me, learner = "actor %d" % F.task, F.learner_hosts[F.task % len(F.learner_hosts)]
         exit_after, code = F.fake_actor_exit_after_s, F.fake_actor_exit_code
+    elif F.job_name == "evaluator":
+        me, learner, exit_after, code = "evaluator", F.learner_hosts[0], 0, 0
     else:
         rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         me, learner = "learner %d" % rank, F.learner_hosts[rank]
@@ -280,6 +282,30 @@ def test_local_start_status_stop(run):
 
     rc, out, err = run.frontend(csv, "--action=status")
     assert rc == 1 and "NOT RUNNING" in out
+
+
+def test_an_evaluator_row_starts_the_test_worker(run):
+    """job=evaluator: the test worker in its own window, reading learner 0; shown by the plan and
+    status, stopped with the rest. A second evaluator row is refused with its line."""
+    p = free_ports(4)
+    rows = [f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,", f"evaluator,127.0.0.1,{p[2]},,,,"]
+    bad = run.write_csv(rows + [f"evaluator,127.0.0.1,{p[3]},,,,"], name="two.csv")
+    rc, out, err = run.frontend(bad, "--dry_run")
+    assert rc == 2 and "two.csv:5: a second evaluator row (the first is on line 4)" in err, err
+    csv = run.write_csv(rows)
+    rc, out, err = run.frontend(csv, "--dry_run")
+    assert rc == 0 and "evaluator (plays learner 0's policy)" in out and "--job_name=evaluator --logdir=" in out, out
+    rc, out, err = run.frontend(csv)
+    assert rc == 0 and "started 1 actor(s) and the evaluator on this machine" in out, out + err
+    assert sorted(run.windows()) == ["actor_0", "evaluator_0", "learners"]
+    wait_for(lambda: "fake evaluator heartbeat 2" in run.log("evaluator_0.log"), 30, "the evaluator's heartbeats")
+    assert f"learner 127.0.0.1:{p[0]} " in run.log("evaluator_0.log")
+    rc, out, err = run.frontend(csv, "--action=status")
+    assert rc == 0 and re.search(r"evaluator\s+alive \(pid \d+\)", out), out + err
+    rc, out, err = run.frontend(csv, "--action=stop")
+    assert rc == 0 and "sent SIGINT to 3 worker(s)" in out, out + err
+    assert_nothing_left(run)
+    assert "clean exit" in run.log("evaluator_0.log")
 
 
 def test_refuses_to_start_over_a_running_session_or_on_a_busy_port(run):

@@ -21,7 +21,7 @@ LOCAL = {"127.0.0.1", "localhost", "::1"}
 # (id, file text, [substrings the error must contain]). "{dir}" is the CSV's folder.
 MALFORMED = [
     ("bad_job", [H, L, "worker,127.0.0.1,8002,,,,"],
-     [":3: column 'job': 'worker' is not a job; write learner or actor"]),
+     [":3: column 'job': 'worker' is not a job; write learner, actor or evaluator"]),
     ("bad_ipv4", [H, L, A, "actor,10.0.0.300,8003,,22,ubuntu,"],
      [":4: column 'ip': '10.0.0.300' is not a valid IPv4 address"]),
     ("bad_hostname", [H, L, "actor,my host,8002,,22,ubuntu,"],

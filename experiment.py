@@ -154,6 +154,9 @@ flags.DEFINE_bool("checkpoint_replay", False, "Also checkpoint what the replay b
                   "one file per rank and checkpoint), so a resumed replay run samples from the same buffers; "
                   "without it a resume refills them from live unrolls. Size and time: docs/replay.md.")
 flags.DEFINE_float("log_every_s", 10.0, "Seconds between progress lines and TensorBoard points.")
+flags.DEFINE_bool("telemetry", True, "Per-worker and per-host figures while the run trains (CPU, memory, rates, "
+                  "time shares; TensorBoard workers/ and hosts/, telemetry/ in the run folder; docs/training.md); "
+                  "what they cost: bench/results/2core-amd-epyc/telemetry_cost.md.")
 flags.DEFINE_float("checkpoint_every_s", 600.0, "Seconds between checkpoints.")
 flags.DEFINE_float("actor_timeout_s", 60.0, "A learner that got nothing from its actors for this "
                    "long says so.")

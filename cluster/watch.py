@@ -7,6 +7,9 @@ interrupted on purpose, so the loop leaves them alone. Any other exit (a crash, 
 exit 3 after the learner stayed away) is restarted, up to --max_restarts times.
 """
 import dataclasses
+import glob
+import json
+import os
 import shlex
 import signal
 import sys
@@ -112,7 +115,28 @@ def status(plan, hosts) -> int:
     print(f"summary: learners {'up' if panes.get(('local', 'learners'), PaneState(False, 0, '')).alive else 'down'},"
           f" {alive}/{len(plan.actor_windows)} actors alive"
           + (f", {not_connected} of them not connected to their learner" if not_connected else ""))
+    print_telemetry(plan.logdir)
     return 0 if ok else 1
+
+
+def print_telemetry(logdir):
+    """The learners' newest per-worker table (<logdir>/telemetry/rank<r>.json, written every log period),
+    where the run folder is readable from here (the learner's host, or a shared path)."""
+    for path in sorted(glob.glob(os.path.join(logdir, "telemetry", "rank*.json"))):
+        try:
+            with open(path) as f:
+                snap = json.load(f)
+        except (OSError, ValueError):
+            continue
+        print(f"telemetry of learner {snap['rank']} ({os.path.relpath(path, logdir)}, {time.time() - snap['time']:.0f} s "
+              f"old, {snap['frames']:,} frames): bottleneck {snap['bottleneck']}")
+        print(f"  {'worker':<11} {'host':<16} {'cpu %':>6} {'rss MB':>7} {'rate':>18}  time shares")
+        for w in snap["workers"]:
+            shares = " ".join(f"{name} {100 * w[k]:.0f}%" for name, k in zip(w["shares"].split(","),
+                                                                            ("share_a", "share_b", "share_c")))
+            extra = f" queue {100 * w['queue_fill']:.0f}%" if w.get("queue_fill") is not None else ""
+            print(f"  {w['worker']:<11} {w['host'][:16]:<16} {w['cpu_percent']:>6.0f} {w['rss_mb']:>7.0f} "
+                  f"{w['rate']:>10,.0f} {w['rate_unit']:<9} {shares}{extra}")
 
 
 def _dead(p):

@@ -17,6 +17,7 @@ import nets
 from impala import agent as agent_lib
 from impala import devices
 from impala import sender as sender_lib
+from impala import telemetry
 from impala import transport
 from impala.stopping import StopSignal
 from impala.timings import Timings
@@ -131,6 +132,8 @@ class Actor:
         self.client = transport.ActorClient(self.learner, self.spec, flags.queue_capacity, flags.batch_size)
         self.buf = {f.name: np.zeros((flags.envs_per_actor,) + f.shape, f.dtype) for f in self.spec.fields}
         self.buf["actor_id"][:] = task
+        self.buf["actor_host"][:] = telemetry.encode_host(telemetry.host_name())
+        self.probe = telemetry.ProcessProbe() if flags.telemetry else None
         self.timings = Timings(*PHASES)
         self.failure = None  # why the last weight read failed
 
@@ -152,6 +155,8 @@ class Actor:
         self.buf["policy_version"][:] = self.client.version
         fill_unroll(self.groups, self.buf, self.step, self.flags.unroll_length, self.timings)
         self.buf["actor_timing"][:] = (self.timings.seconds / self.flags.envs_per_actor).astype(np.float32)
+        if self.probe is not None:
+            self.buf["actor_cpu"][:], self.buf["actor_rss_mb"][:] = self.probe.sample()
         self.timings.reset()
 
     def close(self):

@@ -16,7 +16,8 @@ from impala import transport
 # The fields a gradient step reads, per step ([T(+1), B, ...] once time-major).
 STEP_FIELDS = ("observation", "first", "action", "reward", "done", "timeout_value", "behaviour_logits")
 # Fields with one value per unroll, never made time-major.
-_BATCH_MAJOR = {"actor_id", "policy_version", "actor_timing", "env_crashes"}
+_BATCH_MAJOR = {"actor_id", "policy_version", "actor_timing", "env_crashes", "actor_host", "actor_cpu",
+                "actor_rss_mb"}
 
 
 def to_time_major(batch, names):

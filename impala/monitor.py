@@ -7,13 +7,14 @@ import time
 
 import numpy as np
 
+from impala.telemetry import Telemetry
 from impala.timings import Timings
 from tools.runlog import RunLog
 
 # mean_return_100 comes last: a run folder from before it keeps its header, and its resumed rows
 # only add a cell at the end.
 METRICS_COLUMNS = ("time_s", "frames", "updates", "fps", "mean_return_20", "episodes", "queue_fill",
-                   "total_loss", "entropy", "grad_norm", "mean_return_100")
+                   "total_loss", "entropy", "grad_norm", "mean_return_100", "bottleneck")
 # TensorBoard tags of the figures outside the update's own (those go under losses/).
 METRICS_TAGS = {"mean_return_20": "charts/episode_return_mean20", "learning_rate": "charts/learning_rate",
                 "fps": "perf/frames_per_second", "queue_fill": "perf/queue_fill", "policy_lag": "perf/policy_lag",
@@ -25,7 +26,7 @@ class Stats:
 
     # The fields of a batch that add_batch() reads.
     FIELDS = ("episode_end", "episode_return", "episode_length", "actor_id", "actor_timing", "policy_version",
-              "env_crashes")
+              "env_crashes", "actor_host", "actor_cpu", "actor_rss_mb")
 
     def __init__(self):
         self.returns = collections.deque(maxlen=100)
@@ -138,8 +139,9 @@ class Progress:
     def due(self, now):
         return now - self.last_log >= self.flags.log_every_s
 
-    def write(self, now, figures, st, alive):
-        """figures: frames, updates, queue_fill, replay_nbytes (or None) and the update's stats."""
+    def write(self, now, figures, st, alive, bottleneck=None):
+        """figures: frames, updates, queue_fill, replay_nbytes (or None) and the update's stats;
+        bottleneck: the period's verdict (telemetry.verdict)."""
         frames = figures["frames"]
         fps = (frames - self.last_log_frames) / (now - self.last_log)
         self.log(progress_line(self.rank, frames, self.flags.total_environment_frames, fps, st, figures,
@@ -152,7 +154,7 @@ class Progress:
                        frames=frames, updates=figures["updates"], fps=fps, queue_fill=figures["queue_fill"],
                        mean_return_20=st.mean_return(), mean_return_100=st.mean_return(100),
                        episodes=st.episodes, policy_lag=st.mean_lag(), env_crashes=st.env_crashes,
-                       replay_nbytes=figures["replay_nbytes"])
+                       replay_nbytes=figures["replay_nbytes"], bottleneck=bottleneck)
             self.rows.write(row, step=frames)
         self.last_log, self.last_log_frames = now, frames
 
@@ -209,8 +211,11 @@ def bottleneck_report(st, elapsed, frames):
 class Monitor:
     """The update loop's reporter: live-data statistics, actor liveness, the progress output."""
 
-    def __init__(self, flags, logdir, rank, num_actors, actor_ids, is_chief, log):
+    def __init__(self, flags, logdir, rank, num_actors, actor_ids, is_chief, log, frames_per_unroll=1):
         self.stats = Stats()
+        self.rank, self.log, self.said = rank, log, None
+        self.telemetry = Telemetry(logdir, rank, frames_per_unroll, flags.batch_size * flags.unroll_length,
+                                   flags.log_every_s) if flags.telemetry else None
         self.beats = Heartbeats(actor_ids if actor_ids is not None else range(num_actors),
                                 flags.actor_timeout_s, rank, log)
         self.idle = IdleWatch(flags, rank, num_actors, log)
@@ -229,20 +234,36 @@ class Monitor:
         """A batch arrived: its live unrolls move the statistics (replayed ones do not)."""
         self.idle.got_data()
         self.stats.add_batch(live, version)
+        if self.telemetry is not None:
+            self.telemetry.add_batch(live)
         self.beats.check(self.stats.last_seen)
 
     def after_update(self, now, figures):
         """Writes the progress output when --log_every_s has passed; figures() is called only
         then, since it reads the queue's size from the transport server."""
         if self.progress.due(now):
-            self.progress.write(now, figures(), self.stats, self.beats.alive(self.stats.last_seen))
+            f = figures()
+            self.progress.write(now, f, self.stats, self.beats.alive(self.stats.last_seen), self.period_verdict(now, f))
 
     def final(self, now, figures):
         """The last row at the stop, when frames moved since the last one: a short run (or the
         tail of a long one) ends in metrics.csv at the frames it reached."""
         f = figures()
         if f["frames"] > self.progress.last_log_frames and now > self.progress.last_log:
-            self.progress.write(now, f, self.stats, self.beats.alive(self.stats.last_seen))
+            self.progress.write(now, f, self.stats, self.beats.alive(self.stats.last_seen), self.period_verdict(now, f))
+
+    def period_verdict(self, now, f):
+        """The telemetry table of the period, and its bottleneck verdict, said when it changes."""
+        if self.telemetry is None:
+            return None
+        said = self.telemetry.write(now, f["frames"], f["updates"], self.stats.timings, f["queue_fill"])
+        if said != self.said:
+            self.log("[learner %d] bottleneck now: %s (the learner waited for data %s of the last period)"
+                     % (self.rank, said, "over a quarter" if said == "actors" else "under a quarter"))
+            self.said = said
+        return said
 
     def close(self):
         self.progress.close()
+        if self.telemetry is not None:
+            self.telemetry.close()

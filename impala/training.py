@@ -177,7 +177,8 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print,
     (SIGINT/SIGTERM) or silent actors stop it; returns the exit code."""
     stop = StopSignal()
     learner, tp = start_learner(flags, logdir, learner_address, num_actors, rank, size, log)
-    monitor = Monitor(flags, logdir, rank, num_actors, actor_ids, learner.is_chief, log)
+    monitor = Monitor(flags, logdir, rank, num_actors, actor_ids, learner.is_chief, log,
+                      frames_per_unroll=learner.frames_per_unroll)
     t0 = time.time()
     learner.warm_up()  # while the actors start up
     log("[learner %d] update traced in %.1f s" % (rank, time.time() - t0))

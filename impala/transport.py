@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 import envs
+from impala import telemetry
 
 v1 = tf.compat.v1
 
@@ -84,6 +85,11 @@ def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_stat
         Field("actor_timing", np.dtype(np.float32), (3,)),
         # Env crashes during this unroll (envs.batch makes a crashed env anew and goes on).
         Field("env_crashes", np.dtype(np.int32), ()),
+        # Telemetry (impala/telemetry.py): the actor's host name (UTF-8, zero-padded), its CPU %
+        # since its previous unroll (100 = one core) and its resident memory in MB.
+        Field("actor_host", np.dtype(np.uint8), (telemetry.HOST_BYTES,)),
+        Field("actor_cpu", np.dtype(np.float32), ()),
+        Field("actor_rss_mb", np.dtype(np.float32), ()),
         # Exactly-once delivery: a random id per actor process and its unrolls' numbers from 1
         # (0: unnumbered, never dropped). An enqueue that timed out after the queue took part of
         # it is sent again whole; the learner drops what it already took (RepeatFilter).

@@ -534,7 +534,8 @@ def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch)
     with open(tmp_path / "run" / "metrics.csv") as fh:
         rows = fh.read().splitlines()
     assert rows[0] == ("time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,"
-                       "total_loss,entropy,grad_norm,mean_return_100")
+                       "total_loss,entropy,grad_norm,mean_return_100,bottleneck")
+    assert rows[-1].split(",")[-1] in ("actors", "learner")
     assert len(rows) == 1 + 6 and rows[-1].split(",")[1:3] == [str(6 * 4 * _FPU), "6"]
     assert any("final weights sha256" in line for line in lines)
     assert os.path.exists(summary["checkpoint"] + ".index")

@@ -1,0 +1,210 @@
+"""Per-host and per-worker telemetry while a run trains: each actor stamps its unrolls with its host,
+CPU % and resident memory (its rates and time shares travel in them already); each learner rank adds
+its own figures and, every --log_every_s, writes the table to TensorBoard under `workers/<worker>/...`
+and `hosts/<host>/...`, to <logdir>/telemetry/rank<r>.csv (one row per worker and period) and to
+<logdir>/telemetry/rank<r>.json (the newest table, which the frontend's --action=status prints).
+Every rank writes its own files, so ranks need no collective at log time.
+"""
+import collections
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+import psutil
+
+HOST_BYTES = 32  # the host name's room in an unroll (longer names are cut)
+COLUMNS = ("time_s", "frames", "worker", "host", "cpu_percent", "rss_mb", "rate", "rate_unit", "share_a", "share_b",
+           "share_c", "shares", "queue_fill", "gpu_util", "gpu_mem_mb", "bottleneck")
+
+
+def host_name():
+    return socket.gethostname()
+
+
+def encode_host(name):
+    raw = name.encode()[:HOST_BYTES]
+    return np.frombuffer(raw.ljust(HOST_BYTES, b"\0"), np.uint8)
+
+
+def decode_host(row):
+    return bytes(np.asarray(row, np.uint8)).rstrip(b"\0").decode(errors="replace") or "?"
+
+
+class ProcessProbe:
+    """This process's CPU % since the previous sample (every thread, 100 = one core) and resident MB."""
+
+    def __init__(self):
+        self.proc = psutil.Process()
+        self.proc.cpu_percent(None)  # the first call only starts the clock
+
+    def sample(self):
+        return float(self.proc.cpu_percent(None)), self.proc.memory_info().rss / 2 ** 20
+
+
+class GpuProbe:
+    """The learner's GPU: utilisation % from nvidia-smi, read in a thread so the update loop never
+    waits on it, and memory in use from TensorFlow. Nothing where no GPU is visible."""
+
+    def __init__(self, interval_s):
+        import tensorflow as tf
+        self.tf, self.util, self.stopped = tf, None, threading.Event()
+        self.present = bool(tf.config.list_physical_devices("GPU"))
+        if self.present and shutil.which("nvidia-smi"):
+            threading.Thread(target=self._poll, args=(max(interval_s, 1.0),), daemon=True).start()
+
+    def _poll(self, interval_s):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        while not self.stopped.wait(interval_s):
+            try:
+                out = subprocess.run(["nvidia-smi", "-i", visible, "--query-gpu=utilization.gpu",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+                self.util = float(out.stdout.strip().splitlines()[0])
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                self.util = None
+
+    def sample(self):
+        if not self.present:
+            return None, None
+        try:
+            mem = self.tf.config.experimental.get_memory_info("GPU:0")["current"] / 2 ** 20
+        except (ValueError, RuntimeError):
+            mem = None
+        return self.util, mem
+
+    def close(self):
+        self.stopped.set()
+
+
+class ActorFigures:
+    """One actor's newest stamp and what it sent since the last period."""
+
+    def __init__(self):
+        self.host, self.cpu, self.rss = "?", float("nan"), float("nan")
+        self.unrolls, self.time = 0, np.zeros(3)
+
+    def add(self, host_row, cpu, rss, unrolls, timing):
+        self.host, self.cpu, self.rss = decode_host(host_row), float(cpu), float(rss)
+        self.unrolls += unrolls
+        self.time += timing
+
+    def row(self, dt, frames_per_unroll):
+        shares = self.time / max(self.time.sum(), 1e-9)
+        row = {"worker": None, "host": self.host, "cpu_percent": self.cpu, "rss_mb": self.rss,
+               "rate": self.unrolls * frames_per_unroll / dt, "rate_unit": "frames/s", "shares": "env,inference,transfer",
+               "share_a": shares[0], "share_b": shares[1], "share_c": shares[2]}
+        self.unrolls, self.time = 0, np.zeros(3)
+        return row
+
+
+def scalars(row):
+    """A table row's numbers by TensorBoard name: cpu_percent, rss_mb, frames_per_s or samples_per_s,
+    <phase>_share for its three phases, and queue_fill and GPU figures where the row has them."""
+    out = {"cpu_percent": row["cpu_percent"], "rss_mb": row["rss_mb"],
+           row["rate_unit"].replace("/s", "_per_s"): row["rate"]}
+    for key, phase in zip(("share_a", "share_b", "share_c"), row["shares"].split(",")):
+        out[phase + "_share"] = row[key]
+    for key in ("queue_fill", "gpu_util", "gpu_mem_mb"):
+        out[key] = row.get(key)
+    return {k: float(v) for k, v in out.items() if v is not None and v == v}
+
+
+def verdict(wait_share):
+    """Which side limits the run, from the share of a period the learner waited for data."""
+    return "actors" if wait_share > 0.25 else "learner"
+
+
+class Telemetry:
+    """One learner rank's table of workers (itself and its actors), written every log period."""
+
+    def __init__(self, logdir, rank, frames_per_unroll, samples_per_update, log_every_s):
+        import tensorflow as tf
+        self.dir, self.rank, self.host = os.path.join(logdir, "telemetry"), rank, host_name()
+        self.frames_per_unroll, self.samples_per_update = frames_per_unroll, samples_per_update
+        os.makedirs(self.dir, exist_ok=True)
+        self.actors = collections.defaultdict(ActorFigures)
+        self.probe, self.gpu = ProcessProbe(), GpuProbe(log_every_s)
+        psutil.cpu_percent(None)  # the host's, since the last call
+        self.writer = tf.summary.create_file_writer(os.path.join(self.dir, "rank%d" % rank))
+        path = os.path.join(self.dir, "rank%d.csv" % rank)
+        new_file = not os.path.exists(path) or os.path.getsize(path) == 0
+        self.file = open(path, "a", newline="", buffering=1)
+        self.csv = csv.DictWriter(self.file, COLUMNS, extrasaction="ignore")
+        if new_file:
+            self.csv.writeheader()
+        self.last_time, self.last_updates, self.last_timings = time.time(), None, None
+
+    def add_batch(self, batch):
+        ids = batch["actor_id"]
+        for a in np.unique(ids):
+            rows = np.flatnonzero(ids == a)
+            last = rows[-1]
+            self.actors[int(a)].add(batch["actor_host"][last], batch["actor_cpu"][last], batch["actor_rss_mb"][last],
+                                    len(rows), batch["actor_timing"][rows].sum(axis=0))
+
+    def learner_row(self, dt, updates, timings, queue_fill):
+        """This rank's own figures over the period; the shares are of its wait, learn and publish time."""
+        spent = np.array([timings["wait"], timings["learn"], timings["publish"]])
+        period = spent - (self.last_timings if self.last_timings is not None else 0)
+        shares = period / max(period.sum(), 1e-9)
+        rate = float("nan") if self.last_updates is None else (updates - self.last_updates) * self.samples_per_update / dt
+        self.last_timings, self.last_updates = spent, updates
+        cpu, rss = self.probe.sample()
+        gpu_util, gpu_mem = self.gpu.sample()
+        return {"worker": "learner_%d" % self.rank, "host": self.host, "cpu_percent": cpu, "rss_mb": rss, "rate": rate,
+                "rate_unit": "samples/s", "shares": "wait,learn,publish", "share_a": shares[0], "share_b": shares[1],
+                "share_c": shares[2], "queue_fill": queue_fill, "gpu_util": gpu_util, "gpu_mem_mb": gpu_mem}
+
+    def write(self, now, frames, updates, timings, queue_fill):
+        """The period's table to TensorBoard, the CSV and the JSON; returns the bottleneck verdict."""
+        dt = max(now - self.last_time, 1e-9)
+        rows = [self.learner_row(dt, updates, timings, queue_fill)]
+        for a in sorted(self.actors):
+            rows.append(dict(self.actors[a].row(dt, self.frames_per_unroll), worker="actor_%d" % a))
+        self.last_time = now
+        said = verdict(rows[0]["share_a"])
+        for r in rows:
+            r.update(time_s=now, frames=frames, bottleneck=said)
+            self.csv.writerow(r)
+        hosts = self.host_rows(rows)
+        self.tensorboard(frames, rows, hosts)
+        snapshot = {"time": now, "frames": frames, "rank": self.rank, "bottleneck": said, "workers": rows,
+                    "hosts": hosts}
+        tmp = os.path.join(self.dir, "rank%d.json.tmp" % self.rank)
+        with open(tmp, "w") as f:
+            json.dump(snapshot, f, indent=1, default=float)
+        os.replace(tmp, os.path.join(self.dir, "rank%d.json" % self.rank))
+        return said
+
+    def host_rows(self, rows):
+        """Per host: the CPU % and memory of this rank's workers there; the whole machine's CPU % on the
+        learner's own host (what other programs take shows there)."""
+        hosts = collections.OrderedDict()
+        for r in rows:
+            h = hosts.setdefault(r["host"], {"cpu_percent": 0.0, "rss_mb": 0.0, "workers": 0})
+            h["cpu_percent"] += r["cpu_percent"] if r["cpu_percent"] == r["cpu_percent"] else 0.0
+            h["rss_mb"] += r["rss_mb"] if r["rss_mb"] == r["rss_mb"] else 0.0
+            h["workers"] += 1
+        hosts[self.host]["machine_cpu_percent"] = psutil.cpu_percent(None) * psutil.cpu_count()
+        return hosts
+
+    def tensorboard(self, frames, rows, hosts):
+        import tensorflow as tf
+        with self.writer.as_default(step=int(frames)):
+            for r in rows:
+                for key, value in scalars(r).items():
+                    tf.summary.scalar("workers/%s/%s" % (r["worker"], key), value)
+            for host, h in hosts.items():
+                for key, value in h.items():
+                    tf.summary.scalar("hosts/%s/%s" % (host, key), float(value))
+        self.writer.flush()
+
+    def close(self):
+        self.gpu.close()
+        self.file.close()
+        self.writer.close()

@@ -1,0 +1,67 @@
+"""Per-host and per-worker telemetry of a real 2-actor CartPole run: what the learner writes to
+telemetry/rank0.{json,csv}, to TensorBoard (workers/... and hosts/... tags) and to metrics.csv
+(the bottleneck of each period), and the table the frontend's --action=status prints from it."""
+import csv
+import glob
+import json
+import os
+import socket
+
+import numpy as np
+import tensorflow as tf
+
+from cluster import watch
+from impala import telemetry
+from local_cluster import LocalCluster
+from test_experiment import CARTPOLE, _free_base_port
+
+
+def _tags(event_dir):
+    tags = set()
+    for path in glob.glob(os.path.join(event_dir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags.update(v.tag for v in event.summary.value)
+    return tags
+
+
+def test_a_run_reports_every_worker_and_host(tmp_path, capsys):
+    logdir = str(tmp_path / "run")
+    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=30000"], logdir).start()
+    try:
+        assert c.wait(timeout=240) == 0
+    finally:
+        c.stop()
+    host = socket.gethostname()
+    snap = json.load(open(os.path.join(logdir, "telemetry", "rank0.json")))
+    workers = {w["worker"]: w for w in snap["workers"]}
+    assert set(workers) == {"learner_0", "actor_0", "actor_1"}, workers
+    for name in ("actor_0", "actor_1"):
+        w = workers[name]
+        assert w["host"] == host and w["rss_mb"] > 50 and w["cpu_percent"] > 0 and w["rate"] > 0, w
+        assert w["rate_unit"] == "frames/s" and abs(w["share_a"] + w["share_b"] + w["share_c"] - 1) < 1e-3
+    learner = workers["learner_0"]
+    assert learner["rate_unit"] == "samples/s" and learner["rss_mb"] > 100 and learner["shares"] == "wait,learn,publish"
+    assert snap["bottleneck"] in ("actors", "learner") and snap["hosts"][host]["workers"] == 3
+    assert snap["hosts"][host]["machine_cpu_percent"] > 0
+    rows = list(csv.DictReader(open(os.path.join(logdir, "telemetry", "rank0.csv"))))
+    assert {r["worker"] for r in rows} == set(workers) and len(rows) >= 6
+    tags = _tags(os.path.join(logdir, "telemetry", "rank0"))
+    for t in ("workers/actor_1/cpu_percent", "workers/actor_0/frames_per_s", "workers/actor_0/env_share",
+              "workers/learner_0/samples_per_s", "workers/learner_0/wait_share", "hosts/%s/cpu_percent" % host,
+              "hosts/%s/rss_mb" % host):
+        assert t in tags, sorted(tags)
+    metrics = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
+    assert all(r["bottleneck"] in ("actors", "learner") for r in metrics)
+    watch.print_telemetry(logdir)
+    out = capsys.readouterr().out
+    assert "telemetry of learner 0" in out and "bottleneck %s" % snap["bottleneck"] in out
+    assert all(name in out for name in workers) and "frames/s" in out and "samples/s" in out
+
+
+def test_host_names_travel_in_a_fixed_field():
+    row = telemetry.encode_host("node-17.cluster")
+    assert row.dtype == np.uint8 and row.shape == (telemetry.HOST_BYTES,)
+    assert telemetry.decode_host(row) == "node-17.cluster"
+    assert telemetry.decode_host(telemetry.encode_host("x" * 80)) == "x" * telemetry.HOST_BYTES
+    assert telemetry.decode_host(np.zeros(telemetry.HOST_BYTES, np.uint8)) == "?"
+    assert telemetry.verdict(0.5) == "actors" and telemetry.verdict(0.1) == "learner"

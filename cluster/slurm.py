@@ -1,0 +1,214 @@
+"""IMPALA inside a Slurm allocation: `sbatch sandbox/slurm_impala.sbatch [launcher flags] [experiment flags]`.
+
+The batch script execs this launcher on the allocation's first node. It reads the allocation
+(SLURM_JOB_NODELIST, SLURM_NTASKS, GPUs per node) instead of a workers CSV and starts one task per
+worker: the learner ranks on the first node(s) (with the node's GPUs when it has them; several ranks
+under one mpirun), the actors on the other nodes as job steps (`srun --overlap`), or beside the
+learners when the allocation has one node. Every worker logs to <logdir>/logs/.
+
+Stopping: `scancel` and the time limit make Slurm send SIGTERM to every process of the job, and
+--signal=B:TERM@<s> (the batch script asks for a minute) gives the launcher that warning first:
+it passes SIGINT to the learners, which write their checkpoint and close their queues; the actors
+then leave by themselves. Slurm's KillWait bounds how long the checkpoint may take.
+"""
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ACTOR_GRACE_S = 60.0  # after the learners' end, how long actors get to see the closed queue
+
+
+class SlurmError(Exception):
+    """The allocation or the launcher flags cannot run a cluster; one line saying what would."""
+
+
+class Allocation(NamedTuple):
+    job_id: str
+    nodes: list
+    tasks: int
+    gpus_per_node: int
+
+
+class Layout(NamedTuple):
+    learners: list  # (node, port) per rank
+    actors: list  # (node, port) per actor; the port only names the actor in --actor_hosts
+
+
+def read_allocation(environ=os.environ) -> Allocation:
+    if "SLURM_JOB_ID" not in environ:
+        raise SlurmError("not inside a Slurm allocation (no SLURM_JOB_ID): submit it with "
+                         "sbatch sandbox/slurm_impala.sbatch, or use local_cluster.py / run_experiment_mm_raw.py")
+    nodelist = environ.get("SLURM_JOB_NODELIST", "")
+    p = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+    nodes = p.stdout.split()
+    if p.returncode != 0 or not nodes:
+        raise SlurmError("cannot expand SLURM_JOB_NODELIST=%r with scontrol: %s" % (nodelist, p.stderr.strip()))
+    tasks = int(environ.get("SLURM_NTASKS") or len(nodes))
+    gpus = environ.get("SLURM_GPUS_ON_NODE") or environ.get("SLURM_GPUS_PER_NODE", "0").split(":")[-1]
+    return Allocation(environ["SLURM_JOB_ID"], nodes, tasks, int(gpus) if gpus.isdigit() else 0)
+
+
+def plan_layout(alloc, num_learners, learners_per_node, base_port) -> Layout:
+    """Learners fill the first nodes (learners_per_node each: 0 = one per GPU, or all on the first node
+    without GPUs); actors take the rest of the tasks, on the nodes without learners if there are any."""
+    per_node = learners_per_node or alloc.gpus_per_node or num_learners
+    learner_nodes = [alloc.nodes[r // per_node] for r in range(num_learners) if r // per_node < len(alloc.nodes)]
+    if len(learner_nodes) < num_learners:
+        raise SlurmError("--num_learners=%d at %d per node needs %d nodes; the allocation has %d"
+                         % (num_learners, per_node, -(-num_learners // per_node), len(alloc.nodes)))
+    num_actors = alloc.tasks - num_learners
+    if num_actors < 1:
+        raise SlurmError("the allocation has %d task(s) and --num_learners=%d leaves no actor; ask for more "
+                         "(sbatch --ntasks=%d or more)" % (alloc.tasks, num_learners, num_learners + 1))
+    actor_nodes = [n for n in alloc.nodes if n not in learner_nodes] or alloc.nodes
+    learners = [(n, base_port + r) for r, n in enumerate(learner_nodes)]
+    actors = [(actor_nodes[i % len(actor_nodes)], base_port + 100 + i) for i in range(num_actors)]
+    return Layout(learners, actors)
+
+
+def _hosts(pairs):
+    return ",".join("%s:%d" % p for p in pairs)
+
+
+def worker_argv(python, layout, job, logdir, training_flags, task=None):
+    argv = [python, os.path.join(REPO_DIR, "experiment.py"), "--job_name=" + job,
+            "--learner_hosts=" + _hosts(layout.learners), "--actor_hosts=" + _hosts(layout.actors)]
+    return argv + (["--task=%d" % task] if task is not None else []) + ["--logdir=" + logdir] + list(training_flags)
+
+
+def learners_argv(python, layout, logdir, training_flags):
+    """One learner runs as a plain process; several as one mpirun over their nodes (OpenMPI starts its
+    daemons on other nodes with srun, which SLURM_OVERLAP lets share the job's CPUs)."""
+    cmd = worker_argv(python, layout, "learner", logdir, training_flags)
+    if len(layout.learners) == 1:
+        return cmd
+    counts = {}
+    for node, _ in layout.learners:
+        counts[node] = counts.get(node, 0) + 1
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return (["mpirun"] + root + ["--oversubscribe", "--bind-to", "none", "-np", str(len(layout.learners)),
+                                 "-H", ",".join("%s:%d" % c for c in counts.items()), "-x", "PYTHONUNBUFFERED=1",
+                                 "-x", "PYTHONPATH", "-x", "SLURM_OVERLAP"] + cmd)
+
+
+def actor_argv(python, layout, task, logdir, training_flags):
+    node = layout.actors[task][0]
+    return (["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=" + node, "--job-name=actor_%d" % task,
+             "--output=" + os.path.join(logdir, "logs", "actor_%d.log" % task)]
+            + worker_argv(python, layout, "actor", logdir, training_flags, task))
+
+
+class Run:
+    """The launched workers: the learners' process (its own process group, so a stop reaches every
+    rank) and one srun step per actor."""
+
+    def __init__(self, layout, logdir, python, training_flags):
+        self.layout, self.logdir, self.python, self.flags = layout, logdir, python, list(training_flags)
+        self.learner, self.actors, self.stopping = None, [], False
+
+    def write_plan(self, alloc):
+        doc = {"job_id": alloc.job_id, "nodes": alloc.nodes, "tasks": alloc.tasks, "gpus_per_node": alloc.gpus_per_node,
+               "learners": _hosts(self.layout.learners), "actors": _hosts(self.layout.actors),
+               "learner_command": shlex.join(learners_argv(self.python, self.layout, self.logdir, self.flags)),
+               "actor_commands": [shlex.join(actor_argv(self.python, self.layout, i, self.logdir, self.flags))
+                                  for i in range(len(self.layout.actors))]}
+        with open(os.path.join(self.logdir, "slurm.json"), "w") as f:
+            json.dump(doc, f, indent=2)
+
+    def start(self):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", SLURM_OVERLAP="1", TF_CPP_MIN_LOG_LEVEL="2")
+        for i in range(len(self.layout.actors)):
+            self.actors.append(subprocess.Popen(actor_argv(self.python, self.layout, i, self.logdir, self.flags),
+                                                env=env, cwd=REPO_DIR, stdin=subprocess.DEVNULL))
+        log = open(os.path.join(self.logdir, "logs", "learner.log"), "ab")
+        self.learner = subprocess.Popen(learners_argv(self.python, self.layout, self.logdir, self.flags), env=env,
+                                        cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+
+    def stop(self, signum=None, frame=None):
+        """SIGINT to every learner rank: a checkpoint, then closed queues that send the actors home."""
+        if self.learner is not None and self.learner.poll() is None and not self.stopping:
+            self.stopping = True
+            say("signal %s: stopping the learners (checkpoint first)" % (signum or "-"))
+            try:
+                os.killpg(self.learner.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def wait(self):
+        """The learners' exit code, once the actors are gone too (ended by srun after a grace period)."""
+        while self.learner.poll() is None:
+            time.sleep(0.5)
+        say("learners exited with status %d; waiting up to %.0f s for the actors" % (self.learner.returncode,
+                                                                                     ACTOR_GRACE_S))
+        deadline = time.time() + ACTOR_GRACE_S
+        while any(a.poll() is None for a in self.actors) and time.time() < deadline:
+            time.sleep(0.5)
+        for a in self.actors:
+            if a.poll() is None:  # srun ends its step on SIGTERM
+                a.send_signal(signal.SIGTERM)
+        for a in self.actors:
+            try:
+                a.wait(30)
+            except subprocess.TimeoutExpired:
+                a.kill()
+                a.wait()
+        codes = [a.returncode for a in self.actors]
+        say("actors exited with status %s" % ", ".join(str(c) for c in codes))
+        return self.learner.returncode
+
+
+def say(msg):
+    print("[slurm %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m cluster.slurm", description=__doc__.split("\n\n")[0],
+                                epilog="Every other --flag=value goes to experiment.py (training flags).")
+    p.add_argument("--num_learners", type=int, default=1, help="learner ranks (Horovod); the rest of the tasks are actors")
+    p.add_argument("--learners_per_node", type=int, default=0,
+                   help="learner ranks per node; 0: one per GPU of the node, or all on the first node without GPUs")
+    p.add_argument("--base_port", type=int, default=8001, help="learner rank r serves base_port + r on its node")
+    p.add_argument("--logdir", default=None, help="run folder (default results/<level_name>_slurm<job id>)")
+    p.add_argument("--python", default=sys.executable, help="the Python of the project's venv on every node")
+    args, rest = p.parse_known_args(argv)
+    bad = [a for a in rest if not a.startswith("--")]
+    if bad:
+        p.error("%s: training flags are written --name=value" % " ".join(bad))
+    if args.num_learners < 1 or args.learners_per_node < 0 or not 0 < args.base_port < 65000:
+        p.error("--num_learners must be >= 1, --learners_per_node >= 0 and --base_port in 1-64999")
+    return args, rest
+
+
+def main(argv=None):
+    args, training_flags = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        alloc = read_allocation()
+        layout = plan_layout(alloc, args.num_learners, args.learners_per_node, args.base_port)
+    except SlurmError as e:
+        print("slurm.py: error: %s" % e, file=sys.stderr)
+        return 2
+    level = next((f.split("=", 1)[1] for f in training_flags if f.startswith("--level_name=")), "impala")
+    logdir = os.path.abspath(args.logdir or os.path.join("results", "%s_slurm%s" % (level.replace("/", "-"),
+                                                                                    alloc.job_id)))
+    os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
+    run = Run(layout, logdir, args.python, training_flags)
+    run.write_plan(alloc)
+    signal.signal(signal.SIGTERM, run.stop)
+    signal.signal(signal.SIGINT, run.stop)
+    say("job %s on %s: %d learner(s) at %s, %d actor(s); logs in %s"
+        % (alloc.job_id, ",".join(alloc.nodes), len(layout.learners), _hosts(layout.learners), len(layout.actors),
+           os.path.join(logdir, "logs")))
+    run.start()
+    return run.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

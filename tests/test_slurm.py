@@ -1,0 +1,128 @@
+"""IMPALA under a real Slurm (Debian's slurmctld, slurmd and munged, started here by
+tests/slurm_fixture.py and stopped after): `sbatch sandbox/slurm_impala.sbatch` trains CartPole with
+1 learner and 2 actors, and `scancel` ends a run with a checkpoint and leaves no process behind (slow:
+the fixture may apt-get the packages first). The launcher's reading of an allocation is tested without Slurm."""
+import csv
+import glob
+import json
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+import slurm_fixture
+from bench import cartpole_impala
+from cluster import slurm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SBATCH = os.path.join(ROOT, "sandbox", "slurm_impala.sbatch")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = slurm_fixture.install_missing()
+    if why:
+        pytest.fail(why)
+    s = slurm_fixture.Slurm(str(tmp_path_factory.mktemp("slurm")))
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def _submit(cluster, out, *args, ntasks=3):
+    env_args = ["--export=ALL,IMPALA_PYTHON=%s" % sys.executable]
+    p = cluster.run("sbatch", "--parsable", "--ntasks=%d" % ntasks, "--chdir=" + ROOT, "--output=" + out,
+                    *env_args, SBATCH, *args)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+def _wait_done(cluster, job, timeout, out):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = cluster.job_state(job)
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return state
+        time.sleep(1)
+    raise AssertionError("job %s still %s after %d s:\n%s" % (job, state, timeout, open(out).read()[-3000:]))
+
+
+def _leftovers(logdir):
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and logdir in " ".join(p.info["cmdline"] or []):
+                found.append("%d: %s" % (p.pid, " ".join(p.info["cmdline"])[:150]))
+        except psutil.Error:
+            pass
+    return found
+
+
+def _best_return(logdir):
+    rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
+    return max(float(r["mean_return_20"]) for r in rows if r["mean_return_20"] != "nan")
+
+
+@pytest.mark.slow
+def test_sbatch_trains_cartpole_to_475(cluster, tmp_path):
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
+                  "--total_environment_frames=400000", "--seed=2")
+    state = _wait_done(cluster, job, 400, out)
+    text = open(out).read()
+    assert state == "COMPLETED" and cluster.job_exit_code(job) == "0:0", text + open(
+        os.path.join(logdir, "logs", "learner.log")).read()[-3000:]
+    assert "1 learner(s) at %s:8001, 2 actor(s)" % cluster.node in text, text
+    for name in ("learner.log", "actor_0.log", "actor_1.log"):
+        assert os.path.getsize(os.path.join(logdir, "logs", name)) > 0, name
+    plan = json.load(open(os.path.join(logdir, "slurm.json")))
+    assert plan["job_id"] == job and plan["actors"].count(cluster.node) == 2
+    assert _best_return(logdir) >= 475
+    assert _leftovers(logdir) == []
+
+
+@pytest.mark.slow
+def test_scancel_ends_the_run_with_a_checkpoint_and_leaves_nothing(cluster, tmp_path):
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
+                  "--total_environment_frames=100000000", "--checkpoint_every_s=100000")
+    metrics = os.path.join(logdir, "metrics.csv")
+    deadline = time.time() + 180
+    while not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 3):
+        assert time.time() < deadline and cluster.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), \
+            open(out).read() if os.path.exists(out) else "no job output"
+        time.sleep(1)
+    assert not glob.glob(os.path.join(logdir, "checkpoints", "ckpt-*.index"))  # none before the stop
+    assert cluster.run("scancel", job).returncode == 0
+    state = _wait_done(cluster, job, slurm_fixture.KILL_WAIT_S + 60, out)
+    assert state == "CANCELLED", state
+    learner_log = open(os.path.join(logdir, "logs", "learner.log")).read()
+    assert glob.glob(os.path.join(logdir, "checkpoints", "ckpt-*.index")), learner_log[-3000:]
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    assert summary["checkpoint"] and summary["frames"] > 0
+    deadline = time.time() + 30
+    while _leftovers(logdir) and time.time() < deadline:
+        time.sleep(1)
+    assert _leftovers(logdir) == []
+
+
+def test_the_allocation_picks_learner_and_actor_nodes(monkeypatch):
+    alloc = slurm.Allocation("7", ["n1", "n2", "n3"], 6, 0)
+    lay = slurm.plan_layout(alloc, 1, 0, 8001)
+    assert lay.learners == [("n1", 8001)] and [n for n, _ in lay.actors] == ["n2", "n3", "n2", "n3", "n2"]
+    gpus = slurm.plan_layout(slurm.Allocation("7", ["n1", "n2", "n3"], 8, 2), 4, 0, 9000)
+    assert gpus.learners == [("n1", 9000), ("n1", 9001), ("n2", 9002), ("n2", 9003)]
+    assert {n for n, _ in gpus.actors} == {"n3"} and len(gpus.actors) == 4
+    one = slurm.plan_layout(slurm.Allocation("7", ["n1"], 3, 0), 1, 0, 8001)
+    assert [n for n, _ in one.actors] == ["n1", "n1"]
+    with pytest.raises(slurm.SlurmError, match="leaves no actor; ask for more \\(sbatch --ntasks=3"):
+        slurm.plan_layout(slurm.Allocation("7", ["n1"], 2, 0), 2, 0, 8001)
+    with pytest.raises(slurm.SlurmError, match="needs 2 nodes; the allocation has 1"):
+        slurm.plan_layout(slurm.Allocation("7", ["n1"], 9, 2), 4, 0, 8001)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert slurm.main(["--level_name=CartPole-v1"]) == 2
+    argv = slurm.learners_argv("py", gpus, "/r", ["--x=1"])
+    assert argv[0] == "mpirun" and argv[argv.index("-H") + 1] == "n1:2,n2:2" and argv[-1] == "--x=1"

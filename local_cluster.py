@@ -140,6 +140,20 @@ def _wait_all(procs, timeout):
             pass
 
 
+def flag_value(flags, name, default):
+    """An experiment.py flag's value among `flags`, flag files included (the last one given wins, as
+    absl reads them)."""
+    value = default
+    for f in flags:
+        if f.startswith("--flagfile="):
+            with open(f.split("=", 1)[1]) as fh:
+                lines = [line.strip() for line in fh if line.strip() and not line.strip().startswith("#")]
+            value = flag_value(lines, name, value)
+        elif f.startswith("--%s=" % name):
+            value = f.split("=", 1)[1]
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num_actors", type=int, default=2)
@@ -156,8 +170,12 @@ def main():
     if not 1 <= args.base_port <= 65535 - args.num_actors - args.num_learners:
         parser.error("--base_port must leave room for %d ports below 65536"
                      % (args.num_actors + args.num_learners))
-    level = next((f.split("=", 1)[1] for f in extra if f.startswith("--level_name=")), "PongNoFrameskip-v4")
-    logdir = args.logdir or os.path.join("results", "%s_%d" % (level.replace("/", "-"), int(time.time())))
+    try:  # read as experiment.py will read them, so the run folder is where the learner writes
+        level = flag_value(extra, "level_name", "PongNoFrameskip-v4")
+        logdir = args.logdir or flag_value(extra, "logdir", None)
+    except OSError as e:
+        parser.error("--flagfile: %s" % e)
+    logdir = logdir or os.path.join("results", "%s_%d" % (level.replace("/", "-"), int(time.time())))
     cluster = LocalCluster(args.num_actors, args.base_port, extra, logdir,
                            num_learners=args.num_learners, learner_stdout=sys.stdout,
                            evaluator=args.evaluator)

@@ -282,3 +282,20 @@ def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     finally:
         c.stop()
     assert best >= 5.0, "best mean-20 return %.2f in 4M frames" % best
+
+
+def test_local_cluster_names_the_run_folder_from_flag_files(tmp_path):
+    """The run folder is named after --level_name and placed at --logdir as experiment.py reads them,
+    flag files included (the last one wins): a run from configs/reach_target.flags is not 'Pong'."""
+    from local_cluster import flag_value
+    inner = tmp_path / "inner.flags"
+    inner.write_text("# a comment\n--level_name=Inner-v0\n--logdir=/runs/a\n")
+    outer = tmp_path / "outer.flags"
+    outer.write_text("--flagfile=%s\n--batch_size=8\n" % inner)
+    assert flag_value(["--flagfile=%s" % outer], "level_name", "PongNoFrameskip-v4") == "Inner-v0"
+    assert flag_value(["--flagfile=%s" % outer, "--level_name=Last-v1"], "level_name", None) == "Last-v1"
+    assert flag_value(["--flagfile=%s" % outer], "logdir", None) == "/runs/a"
+    assert flag_value(["--batch_size=8"], "logdir", None) is None
+    r = subprocess.run([PY, os.path.join(ROOT, "local_cluster.py"), "--", "--flagfile=/nonexistent.flags"],
+                       capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert r.returncode == 2 and "--flagfile" in r.stderr and "/nonexistent.flags" in r.stderr, r.stderr

@@ -80,6 +80,9 @@ def test_sbatch_trains_cartpole_to_475(cluster, tmp_path):
         assert os.path.getsize(os.path.join(logdir, "logs", name)) > 0, name
     plan = json.load(open(os.path.join(logdir, "slurm.json")))
     assert plan["job_id"] == job and plan["actors"].count(cluster.node) == 2
+    summary = json.load(open(os.path.join(logdir, "summary.json")))
+    print("Slurm job %s: best mean-20 return %.1f, %d frames in %.0f s of training"
+          % (job, _best_return(logdir), summary["frames"], summary["elapsed_s"]))
     assert _best_return(logdir) >= 475
     assert _leftovers(logdir) == []
 

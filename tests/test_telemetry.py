@@ -13,7 +13,7 @@ import tensorflow as tf
 from cluster import watch
 from impala import telemetry
 from local_cluster import LocalCluster
-from test_experiment import CARTPOLE, _free_base_port
+from tests.test_experiment import CARTPOLE, _free_base_port
 
 
 def _tags(event_dir):

@@ -323,7 +323,6 @@ def validate_run():
     except replay.ReplayConfigError as e:
         raise UsageError(str(e))
     if FLAGS.job_name == "actor":
-        from impala import placement
         try:
             placement.actor_learner(placement.from_flags(FLAGS), FLAGS.task)
         except placement.PlacementError as e:

@@ -102,10 +102,6 @@ def _stderr(msg):
     sys.stderr.flush()
 
 
-def _first_line(e):
-    return "%s: %s" % (type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
-
-
 class PythonBatch:
     """E envs of envs.make_env, stepped one after the other in this thread. An env whose step or
     reset raises is made anew (see the module docstring)."""
@@ -179,10 +175,10 @@ class PythonBatch:
             self._reported.add(i)
             self._log("env %d (%s) crashed in %s: %s; it is made anew with a new seed and the episode counts "
                       "as ended (this env's further crashes are counted, not logged)"
-                      % (i, self._level_name, where, _first_line(e)))
+                      % (i, self._level_name, where, envs.first_line(e)))
         if self._in_a_row >= MAX_CRASHES_IN_A_ROW:
             raise EnvCrashLoop("%d env crashes in a row with no successful step between (%s; the last in %s: %s); "
-                               "giving up: fix the env" % (self._in_a_row, self._level_name, where, _first_line(e)))
+                               "giving up: fix the env" % (self._in_a_row, self._level_name, where, envs.first_line(e)))
 
     def _remake(self, i):
         """Env i closed and made anew with a seed of its own; returns its first observation. The

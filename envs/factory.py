@@ -72,7 +72,8 @@ class EnvSpec(NamedTuple):
 STUB_ENTRY_POINTS = ("_raise_mujoco_py_error",)
 
 
-def _first_line(e):
+def first_line(e):
+    """An exception as one line for an error message: its type and the first line of its text."""
     return "%s: %s" % (type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])
 
 
@@ -84,7 +85,7 @@ def import_env_modules(names):
             importlib.import_module(name)
         except Exception as e:  # any error of the user's module, not only ImportError
             raise ImportError("importing %s failed (%s); the module must be importable in every process "
-                              "that makes envs (installed, or its folder on PYTHONPATH)" % (name, _first_line(e)))
+                              "that makes envs (installed, or its folder on PYTHONPATH)" % (name, first_line(e)))
 
 
 def _resolve(env_id):
@@ -100,7 +101,7 @@ def _resolve(env_id):
         module = importlib.import_module(module_name)
     except Exception as e:
         raise UnknownEnvError("environment id %r: importing module %r failed (%s); it must be importable "
-                              "(installed, or its folder on PYTHONPATH)" % (env_id, module_name, _first_line(e)))
+                              "(installed, or its folder on PYTHONPATH)" % (env_id, module_name, first_line(e)))
     spec = gym.registry.get(name)
     if spec is None and callable(getattr(module, name, None)):
         gym.register(id=env_id, entry_point=env_id)
@@ -392,7 +393,7 @@ def _env_spec(env_id, frame_size):
     except UnknownEnvError:
         raise
     except Exception as e:  # the user's env may raise anything: one line, nothing started
-        raise UnknownEnvError("making environment %r failed (%s)" % (env_id, _first_line(e))) from None
+        raise UnknownEnvError("making environment %r failed (%s)" % (env_id, first_line(e))) from None
     return _spec_of(env, env_id)
 
 

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from impala.telemetry import Telemetry
+from impala.telemetry import Telemetry, verdict
 from impala.timings import Timings
 from tools.runlog import RunLog
 
@@ -190,21 +190,21 @@ def bottleneck_report(st, elapsed, frames):
     actor_total = max(env_s + inf_s + tx_s, 1e-9)
     elapsed = max(elapsed, 1e-9)
     wait_frac = t["wait"] / elapsed
-    if wait_frac > 0.25:
-        verdict = "actors (the learner waited for data %.0f%% of the time)" % (100 * wait_frac)
+    if verdict(wait_frac) == "actors":
+        said = "actors (the learner waited for data %.0f%% of the time)" % (100 * wait_frac)
     else:
-        verdict = "learner (busy %.0f%% of the time; actors block on a full queue)" % (
+        said = "learner (busy %.0f%% of the time; actors block on a full queue)" % (
             100 * (t["learn"] + t["publish"]) / elapsed)
     numbers = {"learner_wait_s": t["wait"], "learner_learn_s": t["learn"],
                "learner_publish_s": t["publish"], "elapsed_s": elapsed, "frames": frames,
                "actor_env_share": env_s / actor_total, "actor_inference_share": inf_s / actor_total,
-               "actor_transfer_share": tx_s / actor_total, "bottleneck": verdict}
+               "actor_transfer_share": tx_s / actor_total, "bottleneck": said}
     text = ("[learner] where time went: learner %.0f%% learning, %.0f%% publishing weights, %.0f%% "
             "waiting for data | actors %.0f%% env steps, %.0f%% inference, %.0f%% transfer "
             "(incl. waiting on a full queue) | bottleneck: %s"
             % (100 * t["learn"] / elapsed, 100 * t["publish"] / elapsed, 100 * wait_frac,
                100 * numbers["actor_env_share"], 100 * numbers["actor_inference_share"],
-               100 * numbers["actor_transfer_share"], verdict))
+               100 * numbers["actor_transfer_share"], said))
     return {"text": text, "numbers": numbers}
 
 

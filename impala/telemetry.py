@@ -6,7 +6,6 @@ and `hosts/<host>/...`, to <logdir>/telemetry/rank<r>.csv (one row per worker an
 Every rank writes its own files, so ranks need no collective at log time.
 """
 import collections
-import csv
 import json
 import os
 import shutil
@@ -17,6 +16,8 @@ import time
 
 import numpy as np
 import psutil
+
+from tools.runlog import RunLog
 
 HOST_BYTES = 32  # the host name's room in an unroll (longer names are cut)
 COLUMNS = ("time_s", "frames", "worker", "host", "cpu_percent", "rss_mb", "rate", "rate_unit", "share_a", "share_b",
@@ -93,9 +94,9 @@ class ActorFigures:
         self.unrolls += unrolls
         self.time += timing
 
-    def row(self, dt, frames_per_unroll):
+    def row(self, worker, dt, frames_per_unroll):
         shares = self.time / max(self.time.sum(), 1e-9)
-        row = {"worker": None, "host": self.host, "cpu_percent": self.cpu, "rss_mb": self.rss,
+        row = {"worker": worker, "host": self.host, "cpu_percent": self.cpu, "rss_mb": self.rss,
                "rate": self.unrolls * frames_per_unroll / dt, "rate_unit": "frames/s", "shares": "env,inference,transfer",
                "share_a": shares[0], "share_b": shares[1], "share_c": shares[2]}
         self.unrolls, self.time = 0, np.zeros(3)
@@ -131,12 +132,7 @@ class Telemetry:
         self.probe, self.gpu = ProcessProbe(), GpuProbe(log_every_s)
         psutil.cpu_percent(None)  # the host's, since the last call
         self.writer = tf.summary.create_file_writer(os.path.join(self.dir, "rank%d" % rank))
-        path = os.path.join(self.dir, "rank%d.csv" % rank)
-        new_file = not os.path.exists(path) or os.path.getsize(path) == 0
-        self.file = open(path, "a", newline="", buffering=1)
-        self.csv = csv.DictWriter(self.file, COLUMNS, extrasaction="ignore")
-        if new_file:
-            self.csv.writeheader()
+        self.rows = RunLog(os.path.join(self.dir, "rank%d.csv" % rank), COLUMNS, None)  # TensorBoard: tensorboard()
         self.last_time, self.last_updates, self.last_timings = time.time(), None, None
 
     def add_batch(self, batch):
@@ -165,12 +161,12 @@ class Telemetry:
         dt = max(now - self.last_time, 1e-9)
         rows = [self.learner_row(dt, updates, timings, queue_fill)]
         for a in sorted(self.actors):
-            rows.append(dict(self.actors[a].row(dt, self.frames_per_unroll), worker="actor_%d" % a))
+            rows.append(self.actors[a].row("actor_%d" % a, dt, self.frames_per_unroll))
         self.last_time = now
         said = verdict(rows[0]["share_a"])
         for r in rows:
             r.update(time_s=now, frames=frames, bottleneck=said)
-            self.csv.writerow(r)
+            self.rows.write(r, step=frames)
         hosts = self.host_rows(rows)
         self.tensorboard(frames, rows, hosts)
         snapshot = {"time": now, "frames": frames, "rank": self.rank, "bottleneck": said, "workers": rows,
@@ -206,5 +202,5 @@ class Telemetry:
 
     def close(self):
         self.gpu.close()
-        self.file.close()
+        self.rows.close()
         self.writer.close()

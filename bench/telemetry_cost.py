@@ -35,8 +35,12 @@ def component_costs():
     """Each piece of the telemetry timed alone, in microseconds per call: the actor's probe (once per
     unroll), the learner's add_batch (once per batch of 32 unrolls from 3 actors) and its table
     (TensorBoard, CSV and JSON, once per log period)."""
+    with tempfile.TemporaryDirectory(prefix="bench_telemetry_") as folder:
+        return _time_pieces(telemetry.Telemetry(folder, 0, 80, 640, 5))
+
+
+def _time_pieces(table):
     probe = telemetry.ProcessProbe()
-    table = telemetry.Telemetry(tempfile.mkdtemp(prefix="bench_telemetry_"), 0, 80, 640, 5)
     n = 32
     batch = {"actor_id": np.arange(n) % 3, "actor_host": np.tile(telemetry.encode_host("host-a"), (n, 1)),
              "actor_cpu": np.ones(n, np.float32), "actor_rss_mb": np.ones(n, np.float32),

@@ -136,6 +136,7 @@ class Actor:
         self.probe = telemetry.ProcessProbe() if flags.telemetry else None
         self.timings = Timings(*PHASES)
         self.failure = None  # why the last weight read failed
+        self.refused_version = None  # the last published weights refused for not being finite
 
     def read_weights(self):
         """Takes the newest published weights if there are new ones; False when the read failed."""
@@ -145,7 +146,14 @@ class Actor:
             except tf.errors.OpError as e:  # any failed read: the session is suspect
                 self.failure = "reading weights from %s failed (%s)" % (self.learner, type(e).__name__)
                 return False
-            if new is not None:
+            if new is not None and not np.isfinite(new[1]).all():
+                # A learner refuses to publish such weights; one that did must not make every
+                # action NaN: an invalid action hangs ale-py's vector env.
+                if new[0] != self.refused_version:
+                    self.log("actor %d: WARNING: weights version %d from %s are not finite; acting on the "
+                             "previous ones" % (self.task, new[0], self.learner))
+                self.refused_version = new[0]
+            elif new is not None:
                 self.set_weights(tf.constant(new[1]))
                 self.refresh_casts()
         return True

@@ -72,6 +72,9 @@ class Learner:
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
         self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")
         self.learning_rate = tf.Variable(flags.learning_rate, dtype=tf.float32, trainable=False)
+        # Gradient steps refused because their gradients were not finite (see _step); not in
+        # checkpoints: a resumed run counts afresh.
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.optimizer = make_optimizer(flags, self.learning_rate, self.variables)
         self.ckpt = tf.train.Checkpoint(agent=self.agent, optimizer=self.optimizer,
                                         num_env_frames=self.num_env_frames,
@@ -196,7 +199,7 @@ class Learner:
             grad_norm = tf.linalg.global_norm(grads)
             if self.flags.gradients_clipping > 0:
                 grads, _ = tf.clip_by_global_norm(grads, self.flags.gradients_clipping, use_norm=grad_norm)
-            self.optimizer.apply(grads, self.variables)
+            self.skipped_steps.assign_add(self._apply_if_finite(grads, grad_norm))
             return dict(step_stats, grad_norm=grad_norm)
 
         # The figures of the first step: the batch (or its first minibatch) as it arrived. The
@@ -210,7 +213,18 @@ class Learner:
         self.num_env_frames.assign_add(new_frames)
         self.update_step.assign_add(1)
         stats["learning_rate"] = self.learning_rate
+        stats["skipped_steps"] = self.skipped_steps.read_value()  # after every step's assign_add
         return stats
+
+    def _apply_if_finite(self, grads, grad_norm):
+        """Applies the gradients unless one is NaN or infinite (their global norm is then not
+        finite); returns 1 for a refused step, else 0. One non-finite step would otherwise make
+        every weight NaN for good, and the actors act on what is published. With several ranks
+        the norm is of the allreduced gradients, so every rank decides the same."""
+        def apply():
+            self.optimizer.apply(grads, self.variables)
+            return tf.constant(0, tf.int64)
+        return tf.cond(tf.math.is_finite(grad_norm), apply, lambda: tf.constant(1, tf.int64))
 
     def zero_batch(self, batch_size=None):
         """A time-major batch of zeros with every field the transport delivers, as the

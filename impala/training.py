@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from impala import batches
@@ -21,9 +22,14 @@ except ImportError:  # pragma: no cover - install.sh always installs it
     hvd = None
 
 
+NONFINITE_EXIT = 7  # the updates' gradients, or the weights, stopped being finite
+NONFINITE_UPDATES_IN_A_ROW = 20  # updates whose every gradient step was refused before the run stops
+
+
 class Trainer:
     """One learner rank's update loop: dequeue -> batch -> update -> publish, until the
-    frame budget, a signal, silent actors or another rank stops it."""
+    frame budget, a signal, silent actors, another rank or a run of non-finite gradients
+    stops it."""
 
     def __init__(self, flags, learner, tp, stop, monitor, log):
         self.flags, self.learner, self.tp, self.stop, self.monitor, self.log = (
@@ -36,6 +42,8 @@ class Trainer:
         monitor.progress.begin(self.start, self.start_frames)
         self.checkpoints = learner_lib.CheckpointTimer(learner, flags.checkpoint_every_s, self.rank, log, self.start)
         self.step_stats = {}
+        self.steps_per_update = flags.num_sgd_iter * flags.num_minibatches
+        self.skipped_before, self.refused_in_a_row, self.nonfinite = 0, 0, None
 
     def run(self):
         """Trains until something stops it; returns (reason, exit code)."""
@@ -47,6 +55,9 @@ class Trainer:
                 if stop:
                     return self.stop_reason()
                 self.update(ready)
+                self.nonfinite = self.check_finite()
+                if self.nonfinite is not None:
+                    return self.nonfinite, NONFINITE_EXIT
                 self.publish()
                 now = time.time()
                 self.monitor.after_update(now, self.figures)
@@ -97,6 +108,29 @@ class Trainer:
             new_frames = tf.constant(self.size * ready.n_live * self.learner.frames_per_unroll, tf.int64)
             self.step_stats = self.learner._train_step(tensors, new_frames)
 
+    def check_finite(self):
+        """Why the run cannot go on (a string), or None. A gradient step whose gradients were
+        not finite was not applied (learner._apply_if_finite); that is reported, and after
+        NONFINITE_UPDATES_IN_A_ROW updates with every step refused the run stops. Weights that
+        are not finite (a NaN observation reaching the normaliser, say) are never published
+        or checkpointed. The ranks decide alike: their gradients and weights are the same."""
+        skipped = int(self.step_stats["skipped_steps"])
+        new, self.skipped_before = skipped - self.skipped_before, skipped
+        if new:
+            stats = self.step_stats
+            self.log("[learner %d] WARNING: update %d: %d of %d gradient step(s) had non-finite gradients and "
+                     "were not applied (%d so far; first step's loss %s, gradient norm %s)"
+                     % (self.rank, self.version + 1, new, self.steps_per_update, skipped,
+                        float(stats["total_loss"]), float(stats["grad_norm"])))
+        self.refused_in_a_row = self.refused_in_a_row + 1 if new == self.steps_per_update else 0
+        if self.refused_in_a_row >= NONFINITE_UPDATES_IN_A_ROW:
+            return ("non-finite gradients in every step of %d updates in a row; the weights were kept as they "
+                    "were before them" % self.refused_in_a_row)
+        if not np.isfinite(self.learner.flat_weights()).all():
+            return ("the weights are not finite after update %d (were the observations or rewards NaN?); they "
+                    "were not published, and no checkpoint is written" % (self.version + 1))
+        return None
+
     def publish(self):
         with self.timings.time("publish"):
             self.version += 1
@@ -138,9 +172,13 @@ def finish(learner, tp, trainer, reason, exit_code, logdir, log):
     and summary.json; returns the exit code."""
     rank, st = learner.rank, trainer.monitor.stats
     trainer.monitor.final(time.time(), trainer.figures)  # before tp.close(): it reads the queue's size
-    path = learner_lib.save_or_report(learner, log, rank)
-    if path is None and learner.is_chief:
-        exit_code = 5
+    if exit_code == NONFINITE_EXIT and not np.isfinite(learner.flat_weights()).all():
+        path = None  # the newest checkpoint on disk stays the newest: resume from it
+        log("[learner %d] ERROR: %s; the newest checkpoint is still %s" % (rank, reason, learner.manager.latest_checkpoint))
+    else:
+        path = learner_lib.save_or_report(learner, log, rank)
+        if path is None and learner.is_chief:
+            exit_code = 5
     tp.close()
     elapsed = time.time() - trainer.start
     frames = int(learner.num_env_frames.numpy())

@@ -309,9 +309,6 @@ def validate_run():
         raise UsageError("--agent_name=%s needs vector observations but --level_name=%s gives "
                          "shape %s; use SimpleConvNetAgent" % (FLAGS.agent_name, FLAGS.level_name,
                                                               spec.obs_shape))
-    if not spec.discrete:
-        raise UsageError("--level_name=%s has continuous actions; IMPALA here needs discrete ones "
-                         "(use ppo_main.py for MuJoCo)" % FLAGS.level_name)
     from impala import agent as agent_lib
     try:
         agent_lib.sends_frames(FLAGS)  # resolves --env_backend too
@@ -414,7 +411,7 @@ def run_test():
                              % (FLAGS.level_name, type(e).__name__, str(e).splitlines()[0][:200]))
 
     @tf.function
-    def sample(o, f, s):  # the policy as trained: actions sampled from the softmax
+    def sample(o, f, s):  # the policy as trained: actions sampled from it
         out, s = agent(o, f, s)
         return out.action, s
 

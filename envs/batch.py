@@ -102,6 +102,16 @@ def _stderr(msg):
     sys.stderr.flush()
 
 
+def _action_converter(space):
+    """What env.step takes for one row of the policy's actions: an int for a Discrete space;
+    for a Box the action clipped to its bounds (the policy's Gaussian is unbounded, and the
+    unroll keeps the unclipped action, whose probability the learner reads)."""
+    if isinstance(space, gym.spaces.Box):
+        low, high, dtype = space.low, space.high, space.dtype
+        return lambda a: np.clip(a, low, high).astype(dtype)
+    return int
+
+
 class PythonBatch:
     """E envs of envs.make_env, stepped one after the other in this thread. An env whose step or
     reset raises is made anew (see the module docstring)."""
@@ -115,6 +125,7 @@ class PythonBatch:
         self.envs = [envs.make_env(level_name, seed=seed + i, **self._make_kwargs) for i in range(num_envs)]
         self._seed = seed
         self._actions = None
+        self._as_action = _action_converter(self.envs[0].action_space)
         self._log = log or _stderr
         self._crashes = np.zeros(num_envs, np.int32)  # since the last result
         self.total_crashes = 0
@@ -138,7 +149,7 @@ class PythonBatch:
         final_obs = None
         for i, env in enumerate(self.envs):
             try:
-                o, r, terminated, truncated, info = env.step(int(self._actions[i]))
+                o, r, terminated, truncated, info = env.step(self._as_action(self._actions[i]))
             except Exception as e:  # the episode ends here, without statistics: a partial one
                 self._crashed(i, "step", e)
                 obs_out[i], done[i] = self._remake(i), True
@@ -255,7 +266,13 @@ class NativeAtariBatch:
         self._stacks(obs_out)
 
     def send(self, actions):
-        self.env.send(np.asarray(actions, np.int32))
+        actions = np.asarray(actions, np.int32)
+        bad = (actions < 0) | (actions >= self.num_actions)
+        if bad.any():  # ale-py's vector env would never answer them: its recv() waits for ever
+            raise ValueError("actions %s for envs %s are outside 0..%d of %s"
+                             % (actions[bad][:4].tolist(), np.flatnonzero(bad)[:4].tolist(), self.num_actions - 1,
+                                getattr(getattr(self.env, "spec", None), "id", "the env")))
+        self.env.send(actions)
 
     def recv(self, obs_out):
         obs, reward, terminated, truncated, info = self.env.recv()

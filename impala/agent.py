@@ -8,6 +8,7 @@ from envs import batch as env_batch
 import envs
 import nets
 from impala import transport
+from nets import distributions
 
 
 def frame_size_of(flags):
@@ -37,10 +38,8 @@ def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZ
     unroll layout both sides share (newest_frames: see transport.make_unroll_spec; the
     weights' size counts the published statistics). Returns (agent, unroll spec, env spec)."""
     spec = envs.env_spec(level_name, frame_size)
-    if not spec.discrete:
-        raise ValueError("--level_name=%s has a continuous action space; the IMPALA agents "
-                         "need discrete actions (use ppo_main.py for continuous control)" % level_name)
-    agent = nets.make_agent(agent_name, spec.num_actions, spec.obs_shape)
+    policy = distributions.make(spec.num_actions, None if spec.discrete else spec.action_dim)
+    agent = nets.make_agent(agent_name, policy, spec.obs_shape)
     if normalize_observations:
         agent.obs_normaliser = nets.RunningNormaliser(spec.obs_shape, "obs_normaliser")
     if normalize_returns:
@@ -51,7 +50,7 @@ def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZ
     agent.compute_dtype = tf.as_dtype(compute_dtype)
     core_shapes = [tuple(s.shape[1:]) for s in tf.nest.flatten(state)]
     size = sum(int(np.prod(v.shape)) for v in nets.published_variables(agent))
-    unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, spec.num_actions,
+    unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, policy,
                                              unroll_length, core_shapes, size, newest_frames)
     return agent, unroll_spec, spec
 

@@ -40,7 +40,7 @@ class EvalEnv:
     def step(self, action):
         """Plays one agent step; self.obs becomes the next observation (a new game's first one
         where the game ended). Returns the batch's StepResult (fields of one row)."""
-        self.batch.send(np.array([action], np.int32))
+        self.batch.send(np.asarray(action)[None])  # the batch converts it (envs/batch.py)
         return self.batch.recv(self.obs)
 
     def render(self):
@@ -58,7 +58,7 @@ def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=N
     first, state = True, agent.initial_state(1)
     while len(returns) < n and not should_stop():
         action, state = policy(tf.constant(env.obs), tf.constant([first]), state)
-        result = env.step(int(action.numpy()[0]))
+        result = env.step(action.numpy()[0])
         first = bool(result.done[0])
         if result.episode_end[0]:
             returns.append(float(result.episode_return[0]))
@@ -69,11 +69,11 @@ def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=N
 
 
 def greedy_policy(agent):
-    """The policy without exploration noise: the argmax of its logits."""
+    """The policy without exploration noise: the argmax of its logits, or a Gaussian's mean."""
     @tf.function
     def greedy(o, f, s):
         out, s = agent(o, f, s)
-        return tf.argmax(out.policy_logits, axis=-1, output_type=tf.int32), s
+        return agent.policy.mode(out.policy_logits), s
     return greedy
 
 

@@ -2,6 +2,7 @@
 one small function per term, each summed over time and batch, on time-major [T, B] tensors."""
 import tensorflow as tf
 
+from nets import distributions
 import vtrace
 
 
@@ -27,22 +28,30 @@ def vtrace_targets(agent_out, batch, flags):
         rewards += flags.discounting * batch["timeout_value"]
     discounts = tf.cast(~batch["done"], tf.float32) * flags.discounting
     anchor = batch.get("old_logits")
-    return vtrace.from_logits(
-        behaviour_policy_logits=batch["behaviour_logits"],
-        target_policy_logits=agent_out.policy_logits[:-1] if anchor is None else anchor,
-        actions=batch["action"], discounts=discounts, rewards=rewards, values=agent_out.baseline[:-1],
-        bootstrap_value=agent_out.baseline[-1], lambda_=flags.vtrace_lambda)
+    target = agent_out.policy_logits[:-1] if anchor is None else anchor
+    values = dict(discounts=discounts, rewards=rewards, values=agent_out.baseline[:-1],
+                  bootstrap_value=agent_out.baseline[-1], lambda_=flags.vtrace_lambda)
+    policy = policy_of(batch)
+    if not policy.continuous:
+        return vtrace.from_logits(behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=target,
+                                  actions=batch["action"], **values)
+    # A Gaussian's importance weights come from the log-densities of the actions taken.
+    target_lp = policy.log_prob(target, batch["action"])
+    behaviour_lp = policy.log_prob(batch["behaviour_logits"], batch["action"])
+    vt = vtrace.from_importance_weights(log_rhos=target_lp - behaviour_lp, **values)
+    return vtrace.VTraceFromLogitsReturns(vs=vt.vs, pg_advantages=vt.pg_advantages, log_rhos=target_lp - behaviour_lp,
+                                          behaviour_action_log_probs=behaviour_lp, target_action_log_probs=target_lp)
+
+
+def policy_of(batch):
+    """The action distribution of a batch's policy (nets/distributions.py), from its actions."""
+    return distributions.of_batch(batch["action"], batch["behaviour_logits"])
 
 
 def compute_baseline_loss(vs, values, value_scale=1.0):
     """1/2 sum ((v_s - V(x_s)) / value_scale)^2: with --normalize_returns the head predicts
     standardised returns, so its error is measured in those units."""
     return 0.5 * tf.reduce_sum(tf.square((vs - values) / value_scale))
-
-
-def entropy(logits):
-    """H(pi) per step, [T, B]."""
-    return -tf.reduce_sum(tf.nn.softmax(logits) * tf.nn.log_softmax(logits), axis=-1)
 
 
 def compute_entropy_loss(step_entropy):
@@ -69,14 +78,28 @@ def standardise(advantages):
     return (advantages - mean) / (tf.sqrt(var) + 1e-8)
 
 
+MAX_LOG_RATIO = 20.0  # exp(20) = 4.9e8: far past any clip, far below float32's 3.4e38
+
+
+def bounded_ratio(log_ratio):
+    """exp(log_ratio), with log_ratio capped at MAX_LOG_RATIO. An action the reference policy
+    all but ruled out (log-probability below -88) gives a ratio that overflows to inf, and
+    the surrogate's gradient then becomes NaN even where the clipped branch is taken (0 * inf
+    in tf.minimum's backward pass; tests/test_nonfinite.py), the likeliest way a Pong run with
+    configs/atari.flags went NaN at 3.08M frames with entropy near 0.2
+    (bench/results/2core-amd-epyc/pong_atari_flags.md). Beyond the cap the
+    sample.s gradient is zero, as it is for a clipped ratio."""
+    return tf.exp(tf.minimum(log_ratio, MAX_LOG_RATIO))
+
+
 def policy_ratio(vt, logits, batch):
     """r_s of the clipped surrogate: pi / mu against the behaviour policy mu, or (with
     --clip_ratio_to=batch_start) pi / pi_old, exactly 1 at the batch's first step however far
     the actors' policy lags behind."""
     if batch.get("old_logits") is None:
-        return tf.exp(vt.log_rhos)
-    log_pi = vtrace.log_probs_from_logits_and_actions(logits, batch["action"])
-    return tf.exp(log_pi - vt.target_action_log_probs)
+        return bounded_ratio(vt.log_rhos)
+    log_pi = policy_of(batch).log_prob(logits, batch["action"])
+    return bounded_ratio(log_pi - vt.target_action_log_probs)
 
 
 def compute_losses(agent_out, batch, flags, value_scale=1.0):
@@ -91,7 +114,7 @@ def compute_losses(agent_out, batch, flags, value_scale=1.0):
     else:
         pg_loss = compute_policy_gradient_loss(vt.target_action_log_probs, advantages)
     baseline_loss = flags.baseline_cost * compute_baseline_loss(vt.vs, agent_out.baseline[:-1], value_scale)
-    step_entropy = entropy(logits)
+    step_entropy = policy_of(batch).entropy(logits)
     entropy_loss = flags.entropy_cost * compute_entropy_loss(step_entropy)
     total = pg_loss + baseline_loss + entropy_loss
     return total, {"pg_loss": pg_loss, "baseline_loss": baseline_loss,

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 import envs
+from nets import distributions
 from impala import telemetry
 
 v1 = tf.compat.v1
@@ -55,11 +56,14 @@ class UnrollSpec(NamedTuple):
         return sum(int(np.prod(f.shape)) * np.dtype(f.dtype).itemsize for f in self.fields)
 
 
-def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_state_shapes,
+def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_shapes,
                      weights_size, newest_frames=False):
-    """newest_frames: stacked frames [H, W, C] travel as the C frames of the first observation
+    """actions: a number of discrete actions or a nets.distributions policy, which sets the
+    action field's shape and dtype and the width of the behaviour policy's parameters.
+    newest_frames: stacked frames [H, W, C] travel as the C frames of the first observation
     and then only each step's newest frame (C times fewer bytes; see stack_frames)."""
     T = unroll_length
+    policy = distributions.make(actions)
     if newest_frames:
         *hw, C = obs_shape
         obs_fields = [Field("frames", np.dtype(obs_dtype), (T + C,) + tuple(hw)),
@@ -68,14 +72,15 @@ def make_unroll_spec(obs_shape, obs_dtype, num_actions, unroll_length, core_stat
         obs_fields = [Field("observation", np.dtype(obs_dtype), (T + 1,) + tuple(obs_shape))]
     fields = obs_fields + [
         Field("first", np.dtype(bool), (T + 1,)),
-        Field("action", np.dtype(np.int32), (T,)),
+        Field("action", np.dtype(policy.action_dtype.as_numpy_dtype), (T,) + policy.action_shape),
         Field("reward", np.dtype(np.float32), (T,)),
         Field("done", np.dtype(bool), (T,)),
         # The actor's baseline V(x) of the last observation of an episode cut by a time
         # limit (truncated, not terminated), at that step; 0 elsewhere. The learner adds
         # gamma * V(x) to the reward there: a time limit is not a terminal state.
         Field("timeout_value", np.dtype(np.float32), (T,)),
-        Field("behaviour_logits", np.dtype(np.float32), (T, num_actions)),
+        # The actor's policy: softmax logits, or a Gaussian's means and log standard deviations.
+        Field("behaviour_logits", np.dtype(np.float32), (T, policy.param_size)),
         Field("episode_end", np.dtype(bool), (T,)),
         Field("episode_return", np.dtype(np.float32), (T,)),
         Field("episode_length", np.dtype(np.int32), (T,)),

@@ -1,14 +1,13 @@
 """The agents, by `--agent_name`.
 
-    agent = make_agent("ResNetLSTMAgent", num_actions)
+    agent = make_agent("ResNetLSTMAgent", num_actions)  # or a distributions.DiagGaussian(d)
     state = agent.initial_state(batch_size)          # () for feed-forward agents
     output, state = agent(obs, first, state)           # one step, AgentOutput[B]
     outputs, state = agent.unroll(obs, first, state)   # time-major, AgentOutput[T, B]
 
 Variables are created on the first call (Sonnet 2 builds lazily).
 """
-import operator
-
+from nets import distributions
 from nets.base import (AgentOutput, RunningNormaliser, freeze_casts, normalisers, orthogonal_init,
                        preprocess_observation, published_variables)
 from nets.conv import SimpleConvNetAgent
@@ -25,24 +24,21 @@ _AGENTS = {
 AGENT_NAMES = tuple(_AGENTS)
 
 
-def make_agent(agent_name, num_actions, obs_shape=None):
-    """The agent called `agent_name` with `num_actions` discrete actions; `obs_shape`
-    ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size."""
+def make_agent(agent_name, actions, obs_shape=None):
+    """The agent called `agent_name` acting with `actions`: a number of discrete actions or a
+    distribution of nets/distributions.py (DiagGaussian(d) for d-dimensional continuous actions);
+    `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size."""
     if agent_name not in _AGENTS:
         raise ValueError(
             f"--agent_name={agent_name!r} is not a known agent; choose one of: "
             f"{', '.join(AGENT_NAMES)}")
     try:
-        count = operator.index(num_actions)
-    except TypeError:
-        count = 0
-    if count < 1:
-        raise ValueError(
-            f"{agent_name} needs a positive integer number of discrete actions, "
-            f"got num_actions={num_actions!r} (is the env's action space continuous?)")
+        policy = distributions.make(actions)
+    except ValueError as e:
+        raise ValueError(f"{agent_name}: {e}") from None
     if agent_name == "SimpleConvNetAgent" and obs_shape is not None and len(obs_shape) == 3:
-        return SimpleConvNetAgent(count, frame_size=(obs_shape[1], obs_shape[0]))  # (width, height)
-    return _AGENTS[agent_name](count)
+        return SimpleConvNetAgent(policy, frame_size=(obs_shape[1], obs_shape[0]))  # (width, height)
+    return _AGENTS[agent_name](policy)
 
 
 __all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "make_agent", "RunningNormaliser", "normalisers",

@@ -19,10 +19,12 @@ import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
+from nets import distributions
+
 
 class AgentOutput(NamedTuple):
-    action: tf.Tensor  # int32, sampled from policy_logits
-    policy_logits: tf.Tensor  # float32 [..., num_actions]
+    action: tf.Tensor  # sampled from policy_logits: int32 [...], or float32 [..., action_dim] (Gaussian)
+    policy_logits: tf.Tensor  # float32 [..., param_size]: the policy's parameters (nets/distributions.py)
     baseline: tf.Tensor  # float32 [...]
 
 
@@ -153,7 +155,7 @@ def orthogonal_init(agent, seed=0):
     first policy that the screen can move), zero biases. LSTM weights are left alone."""
     for i, v in enumerate(agent.trainable_variables):
         name = v.name
-        if "lstm" in name:
+        if "lstm" in name or "log_std" in name:
             continue
         if name.endswith("/b:0"):
             v.assign(tf.zeros_like(v))
@@ -175,19 +177,29 @@ def batch_time(fn, x):
 
 
 class PolicyValueHeads(snt.Module):
-    """Linear policy logits and baseline on top of features; samples an action."""
+    """Linear policy and baseline heads on top of features; samples an action. `actions`: a
+    number of discrete actions (logits) or a distributions.DiagGaussian, whose means are linear
+    in the features and whose log standard deviations are one trainable vector, the same in
+    every state (as SB3's and CleanRL's PPO for MuJoCo), starting at `INITIAL_LOG_STD`."""
 
-    def __init__(self, num_actions, name="heads"):
+    INITIAL_LOG_STD = 0.0
+
+    def __init__(self, actions, name="heads"):
         super().__init__(name=name)
-        self._policy = snt.Linear(num_actions, name="policy_logits")
+        self.distribution = distributions.make(actions)
+        width = self.distribution.param_size // (2 if self.distribution.continuous else 1)
+        self._policy = snt.Linear(width, name="policy_logits")
         self._baseline = snt.Linear(1, name="baseline")
+        self._log_std = (tf.Variable(tf.fill([width], self.INITIAL_LOG_STD), name="log_std")
+                         if self.distribution.continuous else None)
 
     def __call__(self, features, value_features=None):  # features [N, F]
-        logits = self._policy(features)
+        params = self._policy(features)
+        if self._log_std is not None:
+            params = tf.concat([params, tf.broadcast_to(self._log_std, tf.shape(params))], axis=-1)
         value_features = features if value_features is None else value_features
         baseline = tf.squeeze(self._baseline(value_features), axis=-1)
-        action = tf.random.categorical(logits, num_samples=1, dtype=tf.int32)[:, 0]
-        return AgentOutput(action, logits, baseline)
+        return AgentOutput(self.distribution.sample(params), params, baseline)
 
 
 class AgentBase(snt.Module):
@@ -197,6 +209,11 @@ class AgentBase(snt.Module):
     compute_dtype = tf.float32  # of the torso; see run_torso
     obs_normaliser = None  # RunningNormaliser of the observations (--normalize_observations)
     return_normaliser = None  # RunningNormaliser of the value targets (--normalize_returns)
+
+    @property
+    def policy(self):
+        """The action distribution of the policy head (nets/distributions.py)."""
+        return self._heads.distribution
 
     def _preprocess(self, obs):
         """(the torso's input, its frame_scale for run_torso). uint8 frames go as they are
@@ -223,11 +240,11 @@ class FeedForwardAgent(AgentBase):
     PPO do this for vector observations): in a shared torso the baseline's squared error,
     summed over the batch, outweighs the policy gradient."""
 
-    def __init__(self, make_torso, num_actions, name, separate_value_torso=False):
+    def __init__(self, make_torso, actions, name, separate_value_torso=False):
         super().__init__(name=name)
         self._torso = make_torso()
         self._value_torso = make_torso() if separate_value_torso else None
-        self._heads = PolicyValueHeads(num_actions)
+        self._heads = PolicyValueHeads(actions)
 
     def initial_state(self, batch_size):
         del batch_size
@@ -273,11 +290,11 @@ class ResetLSTM(snt.RNNCore):
 class LSTMAgent(AgentBase):
     """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell)."""
 
-    def __init__(self, make_torso, num_actions, name, hidden_size=256):
+    def __init__(self, make_torso, actions, name, hidden_size=256):
         super().__init__(name=name)
         self._torso = make_torso()
         self._core = ResetLSTM(hidden_size)
-        self._heads = PolicyValueHeads(num_actions)
+        self._heads = PolicyValueHeads(actions)
 
     def initial_state(self, batch_size):
         return self._core.initial_state(batch_size)

@@ -49,5 +49,5 @@ def folded_conv(conv, x, scale):
 
 class SimpleConvNetAgent(FeedForwardAgent):
 
-    def __init__(self, num_actions, frame_size=(84, 84), name="simple_conv_net_agent"):
-        super().__init__(lambda: SimpleConvTorso(frame_size), num_actions, name=name)
+    def __init__(self, actions, frame_size=(84, 84), name="simple_conv_net_agent"):
+        super().__init__(lambda: SimpleConvTorso(frame_size), actions, name=name)

@@ -15,11 +15,11 @@ def make_mlp_torso():
 
 class MLPAgent(FeedForwardAgent):
 
-    def __init__(self, num_actions, name="mlp_agent"):
-        super().__init__(make_mlp_torso, num_actions, name=name, separate_value_torso=True)
+    def __init__(self, actions, name="mlp_agent"):
+        super().__init__(make_mlp_torso, actions, name=name, separate_value_torso=True)
 
 
 class MLPLSTMAgent(LSTMAgent):
 
-    def __init__(self, num_actions, name="mlp_lstm_agent"):
-        super().__init__(make_mlp_torso, num_actions, name=name, hidden_size=256)
+    def __init__(self, actions, name="mlp_lstm_agent"):
+        super().__init__(make_mlp_torso, actions, name=name, hidden_size=256)

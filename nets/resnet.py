@@ -58,11 +58,11 @@ class ResNetTorso(snt.Module):
 
 class ResNetAgent(FeedForwardAgent):
 
-    def __init__(self, num_actions, name="resnet_agent"):
-        super().__init__(ResNetTorso, num_actions, name=name)
+    def __init__(self, actions, name="resnet_agent"):
+        super().__init__(ResNetTorso, actions, name=name)
 
 
 class ResNetLSTMAgent(LSTMAgent):
 
-    def __init__(self, num_actions, name="resnet_lstm_agent"):
-        super().__init__(ResNetTorso, num_actions, name=name, hidden_size=256)
+    def __init__(self, actions, name="resnet_lstm_agent"):
+        super().__init__(ResNetTorso, actions, name=name, hidden_size=256)

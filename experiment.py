@@ -64,6 +64,11 @@ flags.DEFINE_integer("num_action_repeats", 0, "Frames counted per agent step; 0:
                      "(its frame skip), 1 otherwise.")
 flags.DEFINE_string("agent_name", "SimpleConvNetAgent", "SimpleConvNetAgent, ResNetAgent, "
                     "ResNetLSTMAgent, MLPAgent or MLPLSTMAgent.")
+flags.DEFINE_list("mlp_hidden", ["64", "64"], "Widths of the MLP agents' hidden layers (each of the policy's and "
+                  "the baseline's torsos); configs/mujoco.flags uses 256,256.")
+flags.DEFINE_enum("mlp_activation", "tanh", ["tanh", "relu"], "Nonlinearity of the MLP agents' hidden layers.")
+flags.DEFINE_float("initial_log_std", 0.0, "Continuous actions: where the Gaussian head's log standard deviation "
+                   "(one trainable value per action dimension) starts; -2 is rl-baselines3-zoo's for MuJoCo.")
 flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor process, batched "
                      "through the policy.")
 
@@ -172,7 +177,8 @@ flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreacha
 FLAGS = flags.FLAGS
 
 # Flags that describe the run (saved to options.json, restored by train_w_load).
-RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "envs_per_actor",
+RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "mlp_hidden",
+             "mlp_activation", "initial_log_std", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
@@ -300,6 +306,9 @@ def validate_run():
     if FLAGS.agent_name not in nets.AGENT_NAMES:
         raise UsageError("--agent_name=%s is not an agent; choose one of %s"
                          % (FLAGS.agent_name, ", ".join(nets.AGENT_NAMES)))
+    if not FLAGS.mlp_hidden or not all(w.isdigit() and int(w) > 0 for w in FLAGS.mlp_hidden):
+        raise UsageError("--mlp_hidden=%s: give positive layer widths separated by commas, e.g. 256,256"
+                         % ",".join(FLAGS.mlp_hidden))
     conv = FLAGS.agent_name in CONV_AGENTS
     if conv and len(spec.obs_shape) != 3:
         raise UsageError("--agent_name=%s needs image observations but --level_name=%s gives "

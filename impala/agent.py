@@ -31,15 +31,18 @@ def sends_frames(flags):
 
 
 def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZE, compute_dtype="float32",
-                newest_frames=False, normalize_observations=False, normalize_returns=False):
+                newest_frames=False, normalize_observations=False, normalize_returns=False, net=None):
     """The agent with its (float32) variables built, its torso then computing in
     `compute_dtype` (--compute_dtype), its observations and value targets standardised by
     running statistics with `normalize_observations` and `normalize_returns`, plus the
     unroll layout both sides share (newest_frames: see transport.make_unroll_spec; the
-    weights' size counts the published statistics). Returns (agent, unroll spec, env spec)."""
+    weights' size counts the published statistics). `net`: net_options(flags). Returns (agent, unroll
+    spec, env spec)."""
+    net = net or {}
     spec = envs.env_spec(level_name, frame_size)
-    policy = distributions.make(spec.num_actions, None if spec.discrete else spec.action_dim)
-    agent = nets.make_agent(agent_name, policy, spec.obs_shape)
+    policy = distributions.make(spec.num_actions, None if spec.discrete else spec.action_dim,
+                                net.get("initial_log_std", 0.0))
+    agent = nets.make_agent(agent_name, policy, spec.obs_shape, net.get("mlp_hidden"), net.get("mlp_activation"))
     if normalize_observations:
         agent.obs_normaliser = nets.RunningNormaliser(spec.obs_shape, "obs_normaliser")
     if normalize_returns:
@@ -55,11 +58,19 @@ def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZ
     return agent, unroll_spec, spec
 
 
+def net_options(flags):
+    """The net's shape flags (--mlp_hidden, --mlp_activation, --initial_log_std) as build_agent takes them."""
+    hidden = getattr(flags, "mlp_hidden", None)
+    return {"mlp_hidden": tuple(int(w) for w in hidden) if hidden else None,
+            "mlp_activation": getattr(flags, "mlp_activation", None),
+            "initial_log_std": getattr(flags, "initial_log_std", 0.0)}
+
+
 def build_from_flags(flags, newest_frames=None):
     """build_agent with the run's flags; newest_frames defaults to what the actors send."""
     return build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size_of(flags),
                        flags.compute_dtype, sends_frames(flags) if newest_frames is None else newest_frames,
-                       flags.normalize_observations, flags.normalize_returns)
+                       flags.normalize_observations, flags.normalize_returns, net_options(flags))
 
 
 def make_weight_setter(variables):

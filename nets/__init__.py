@@ -24,10 +24,11 @@ _AGENTS = {
 AGENT_NAMES = tuple(_AGENTS)
 
 
-def make_agent(agent_name, actions, obs_shape=None):
+def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activation=None):
     """The agent called `agent_name` acting with `actions`: a number of discrete actions or a
     distribution of nets/distributions.py (DiagGaussian(d) for d-dimensional continuous actions);
-    `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size."""
+    `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size;
+    `mlp_hidden` (widths) and `mlp_activation` ("tanh", "relu") shape the MLP agents' torsos."""
     if agent_name not in _AGENTS:
         raise ValueError(
             f"--agent_name={agent_name!r} is not a known agent; choose one of: "
@@ -38,6 +39,9 @@ def make_agent(agent_name, actions, obs_shape=None):
         raise ValueError(f"{agent_name}: {e}") from None
     if agent_name == "SimpleConvNetAgent" and obs_shape is not None and len(obs_shape) == 3:
         return SimpleConvNetAgent(policy, frame_size=(obs_shape[1], obs_shape[0]))  # (width, height)
+    if agent_name in ("MLPAgent", "MLPLSTMAgent"):
+        options = {k: v for k, v in (("hidden", mlp_hidden), ("activation", mlp_activation)) if v is not None}
+        return _AGENTS[agent_name](policy, **options)
     return _AGENTS[agent_name](policy)
 
 

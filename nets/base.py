@@ -180,9 +180,8 @@ class PolicyValueHeads(snt.Module):
     """Linear policy and baseline heads on top of features; samples an action. `actions`: a
     number of discrete actions (logits) or a distributions.DiagGaussian, whose means are linear
     in the features and whose log standard deviations are one trainable vector, the same in
-    every state (as SB3's and CleanRL's PPO for MuJoCo), starting at `INITIAL_LOG_STD`."""
-
-    INITIAL_LOG_STD = 0.0
+    every state (as SB3's and CleanRL's PPO for MuJoCo), starting at the distribution's
+    initial_log_std (--initial_log_std)."""
 
     def __init__(self, actions, name="heads"):
         super().__init__(name=name)
@@ -190,7 +189,7 @@ class PolicyValueHeads(snt.Module):
         width = self.distribution.param_size // (2 if self.distribution.continuous else 1)
         self._policy = snt.Linear(width, name="policy_logits")
         self._baseline = snt.Linear(1, name="baseline")
-        self._log_std = (tf.Variable(tf.fill([width], self.INITIAL_LOG_STD), name="log_std")
+        self._log_std = (tf.Variable(tf.fill([width], self.distribution.initial_log_std), name="log_std")
                          if self.distribution.continuous else None)
 
     def __call__(self, features, value_features=None):  # features [N, F]

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 import sshd_fixture
+from tests.test_custom_envs import MODULE, user_module  # noqa: F401 (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRONTEND = os.path.join(ROOT, "run_experiment_mm_raw.py")
@@ -527,15 +528,17 @@ def test_ssh_login_failure_is_one_clear_error(run, sshd):
 # the real experiment.py: 2 Horovod learners + 4 actors from a CSV
 # ---------------------------------------------------------------------------
 
-def test_end_to_end_two_learners_four_actors(run):
-    """About 45 s on 2 cores (not marked slow: under 90 s)."""
+def test_end_to_end_two_learners_four_actors(run, user_module):
+    """About 45 s on 2 cores (not marked slow: under 90 s). The env is a user's, registered by a
+    module outside the repository (--env_module, found through the PYTHONPATH the frontend hands
+    to every worker)."""
     p = free_ports(6)
     csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"learner,127.0.0.1,{p[1]},,,,"] +
                         [f"actor,127.0.0.1,{port},,,," for port in p[2:]])
     args = [f"--workers_csv_path={csv}", f"--tmux_socket={run.socket}", f"--tmux_sess={run.session}",
             f"--logdir={run.logdir}", "--stop_timeout_s=60",
-            "--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=4", "--unroll_length=20",
-            "--envs_per_actor=2", "--log_every_s=3", "--total_environment_frames=100000000"]
+            "--env_module=" + MODULE, "--level_name=UserCorridor-v0", "--agent_name=MLPAgent", "--batch_size=4",
+            "--unroll_length=20", "--envs_per_actor=2", "--log_every_s=3", "--total_environment_frames=100000000"]
     p_start = subprocess.run([PY, FRONTEND, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p_start.returncode == 0, p_start.stdout + p_start.stderr
 
@@ -550,6 +553,7 @@ def test_end_to_end_two_learners_four_actors(run):
     wait_for(progress, 240, "two progress lines of learner 0")
     assert frames()[-1] > frames()[0] >= 0  # training advances
     assert "[learner 1" in run.log("learners.log")
+    assert "UserCorridor-v0" in run.log("actor_3.log")
 
     status = subprocess.run([PY, FRONTEND, *args[:4], "--action=status"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)

@@ -405,7 +405,8 @@ def run_test():
     agent, _, spec = agent_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
                                            agent_lib.frame_size_of(FLAGS),
                                            normalize_observations=FLAGS.normalize_observations,
-                                           normalize_returns=FLAGS.normalize_returns)
+                                           normalize_returns=FLAGS.normalize_returns,
+                                           net=agent_lib.net_options(FLAGS))
     prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
     # the env the actors step (--env_backend), so the policy sees the observations it was trained on
     env = evaluator.EvalEnv(FLAGS.level_name, FLAGS.env_backend, FLAGS.seed + 12345,

@@ -9,6 +9,7 @@ import re
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import nets
@@ -81,6 +82,7 @@ def test_actions_are_clipped_for_the_env_only():
     b.close()
 
 
+@pytest.mark.slow  # 45-50 s: the default suite keeps under 15 minutes
 def test_pendulum_learns_and_plays_in_test_mode(tmp_path):
     """configs/pendulum.flags: a random policy scores about -1,200 a game; the mean of the last 100
     training games must pass -950 by 500K frames and rise by 300 from the first reading (seeds 3, 6
@@ -98,6 +100,7 @@ def test_pendulum_learns_and_plays_in_test_mode(tmp_path):
     assert json.load(open(os.path.join(logdir, "test_results.json")))["mean_return"] > -1100
 
 
+@pytest.mark.slow  # 40 s
 def test_two_ranks_with_replay_and_the_evaluator_hold_the_same_weights_and_resume(tmp_path):
     """The discrete path's machinery with a Gaussian policy: mpirun -np 2 with standard replay
     (the stored behaviour parameters are what V-trace reads when an unroll comes back) and the

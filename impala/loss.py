@@ -38,8 +38,9 @@ def vtrace_targets(agent_out, batch, flags):
     # A Gaussian's importance weights come from the log-densities of the actions taken.
     target_lp = policy.log_prob(target, batch["action"])
     behaviour_lp = policy.log_prob(batch["behaviour_logits"], batch["action"])
-    vt = vtrace.from_importance_weights(log_rhos=target_lp - behaviour_lp, **values)
-    return vtrace.VTraceFromLogitsReturns(vs=vt.vs, pg_advantages=vt.pg_advantages, log_rhos=target_lp - behaviour_lp,
+    log_rhos = target_lp - behaviour_lp
+    vt = vtrace.from_importance_weights(log_rhos=log_rhos, **values)
+    return vtrace.VTraceFromLogitsReturns(vs=vt.vs, pg_advantages=vt.pg_advantages, log_rhos=log_rhos,
                                           behaviour_action_log_probs=behaviour_lp, target_action_log_probs=target_lp)
 
 
@@ -88,7 +89,7 @@ def bounded_ratio(log_ratio):
     in tf.minimum's backward pass; tests/test_nonfinite.py), the likeliest way a Pong run with
     configs/atari.flags went NaN at 3.08M frames with entropy near 0.2
     (bench/results/2core-amd-epyc/pong_atari_flags.md). Beyond the cap the
-    sample.s gradient is zero, as it is for a clipped ratio."""
+    sample's gradient is zero, as it is for a clipped ratio."""
     return tf.exp(tf.minimum(log_ratio, MAX_LOG_RATIO))
 
 

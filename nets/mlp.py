@@ -4,12 +4,11 @@ and CleanRL's PPO), or one shared torso and an LSTM of 256 (MLPLSTMAgent). `hidd
 `activation` (--mlp_hidden, --mlp_activation) change the torsos' widths and nonlinearity:
 rl-baselines3-zoo's MuJoCo recipes use 256-256 ReLU."""
 import sonnet as snt
-import tensorflow as tf
 
 from nets.base import FeedForwardAgent, LSTMAgent
+from nets.gaussian import ACTIVATIONS
 
 HIDDEN_SIZES = (64, 64)
-ACTIVATIONS = {"tanh": tf.tanh, "relu": tf.nn.relu}
 
 
 def torso_maker(hidden=HIDDEN_SIZES, activation="tanh"):

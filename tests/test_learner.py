@@ -458,6 +458,10 @@ class _Feeder(threading.Thread):
         buf["episode_length"][:] = 10
         buf["behaviour_logits"][:] = rng.normal(size=buf["behaviour_logits"].shape)
         buf["policy_version"][:] = self.sent
+        # Numbered like a real actor's (sender.py): the learner drops a repeat, so a re-sent
+        # unroll never shifts the stream the runs are compared on.
+        buf["sender"][:] = 1
+        buf["sequence"][:] = self.sent + 1
         return buf
 
     def run(self):
@@ -469,7 +473,9 @@ class _Feeder(threading.Thread):
             try:
                 self.client.enqueue(buf, timeout_ms=200)
             except tf.errors.DeadlineExceededError:
-                continue  # queue full: the same unroll again (one unroll: nothing went in)
+                # Queue full, or the deadline fell after the queue took it (an in-process call
+                # is cancelled only after it finished): the same numbered unroll again.
+                continue
             except tf.errors.OpError:
                 return  # the learner closed its queue
             self.sent += 1
@@ -482,17 +488,19 @@ class _Feeder(threading.Thread):
 
 def _train_in_process(tmp_path, monkeypatch, feed=True, on_version=None, **overrides):
     """training.train() on a real transport server in this process, fed by a _Feeder thread.
-    Returns (exit code, summary.json, log lines, unrolls dequeued by each thread)."""
+    Returns (exit code, summary.json, log lines, unrolls dequeued by each thread); the
+    feeder's send numbers of the unrolls dequeued, in order, are in dequeued.versions."""
     f = _experiment_defaults(**dict(dict(
         level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=_FPU, queue_capacity=8,
         total_environment_frames=6 * 4 * _FPU, log_every_s=0.0, exit_when_no_actors_s=30.0), **overrides))
-    dequeued = collections.Counter()
+    dequeued, versions = collections.Counter(), []
     real_try_dequeue = transport.LearnerTransport.try_dequeue
 
     def counting_try_dequeue(self, n=None):
         got = real_try_dequeue(self, n)
         if got is not None:
             dequeued[threading.current_thread().name] += len(got["actor_id"])
+            versions.extend(got["policy_version"].tolist())
         return got
 
     monkeypatch.setattr(transport.LearnerTransport, "try_dequeue", counting_try_dequeue)
@@ -512,7 +520,9 @@ def _train_in_process(tmp_path, monkeypatch, feed=True, on_version=None, **overr
         if feed:
             feeder.join(30)
     with open(tmp_path / "run" / "summary.json") as fh:
-        return code, json.load(fh), lines, dequeued
+        summary = json.load(fh)
+    dequeued.versions = versions
+    return code, summary, lines, dequeued
 
 
 def _prefetch_threads():
@@ -597,7 +607,10 @@ def test_prefetching_trains_the_same_batches_as_without(tmp_path, monkeypatch, r
             tmp_path / str(prefetch), monkeypatch, prefetch_batches=prefetch, total_environment_frames=10 * 4 * _FPU,
             **extra)
         assert code == 0 and summary["reason"] == "frame budget reached", lines
+        versions = dequeued.versions
         assert sum(dequeued.values()) * _FPU == summary["frames"], dequeued
+        # Every unroll once, in the order sent (a repeat was dropped, never trained on twice).
+        assert versions == list(range(len(versions))), versions
         with open(tmp_path / str(prefetch) / "run" / "metrics.csv") as fh:
             updates = len(fh.read().splitlines()) - 1
         runs[prefetch] = (summary["frames"], updates, [line for line in lines if "final weights sha256" in line])

@@ -44,6 +44,7 @@ class Trainer:
         self.step_stats = {}
         self.steps_per_update = flags.num_sgd_iter * flags.num_minibatches
         self.skipped_before, self.refused_in_a_row, self.nonfinite = 0, 0, None
+        self.weights = None  # the flat weights after the last update, as check_finite read them
 
     def run(self):
         """Trains until something stops it; returns (reason, exit code)."""
@@ -126,7 +127,8 @@ class Trainer:
         if self.refused_in_a_row >= NONFINITE_UPDATES_IN_A_ROW:
             return ("non-finite gradients in every step of %d updates in a row; the weights were kept as they "
                     "were before them" % self.refused_in_a_row)
-        if not np.isfinite(self.learner.flat_weights()).all():
+        self.weights = self.learner.flat_weights()  # publish() sends this array: one read per update
+        if not np.isfinite(self.weights).all():
             return ("the weights are not finite after update %d (were the observations or rewards NaN?); they "
                     "were not published, and no checkpoint is written" % (self.version + 1))
         return None
@@ -134,7 +136,7 @@ class Trainer:
     def publish(self):
         with self.timings.time("publish"):
             self.version += 1
-            self.tp.publish(self.learner.flat_weights(), self.version)
+            self.tp.publish(self.weights, self.version)
 
     def figures(self):
         """What the progress output reports besides the live-data statistics."""

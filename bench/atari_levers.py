@@ -31,6 +31,9 @@ VARIANTS = {  # name: (what it changes, the flags after the recipe's)
     "size42": ("42x42 frames (Pong's recipe size)", ["--width=42", "--height=42"]),
     "size42_sgd2": ("42x42 frames, 2 passes", ["--width=42", "--height=42", "--num_sgd_iter=2"]),
     "float32": ("float32 compute", ["--compute_dtype=float32"]),
+    "bfloat16": ("bfloat16 compute (the recipe's own setting, for a run that compares dtypes)",
+                 ["--compute_dtype=bfloat16"]),
+    "float32_sgd2": ("float32 compute, 2 passes", ["--compute_dtype=float32", "--num_sgd_iter=2"]),
     "batch64": ("batch 64 unrolls", ["--batch_size=64", "--queue_capacity=128"]),
 }
 

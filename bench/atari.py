@@ -37,7 +37,7 @@ PUBLISHED = {  # game: (baselines PPO, CleanRL PPO, random, human)
     "Pong": (20.4, 20.3, -20.7, 14.6),
 }
 CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
-              "at_40M", "resumed_at"]
+              "at_40M", "resumed_at", "extra_flags"]
 
 
 def short(level):
@@ -65,6 +65,23 @@ def run_state(logdir, frames):
     return "cut" if os.path.isdir(ckpts) and any(n.endswith(".index") for n in os.listdir(ckpts)) else "new"
 
 
+def extra_flags(logdir, asked):
+    """The flags a run takes after the recipe's: those it started with (extra_flags.json), which
+    its resumes keep; a new run records `asked`. Asking a started run for others is an error."""
+    path = os.path.join(logdir, "extra_flags.json")
+    if os.path.exists(path):
+        started = _json(path, [])
+        if asked and asked != started:
+            raise SystemExit("--recipe_extra %s: %s started with %s; a resume keeps the flags a run started with "
+                             "(move the folder aside for a new run)" % (" ".join(asked), logdir, " ".join(started)
+                                                                         or "none"))
+        return started
+    os.makedirs(logdir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(list(asked), f)
+    return list(asked)
+
+
 def run_game(a, level, seed, out):
     """Trains one (game, seed) to a.frames, starting it or resuming it; returns the learner's exit code
     (None when it was already done). Ctrl-C stops the cluster, which checkpoints, and propagates."""
@@ -72,11 +89,13 @@ def run_game(a, level, seed, out):
     state = run_state(logdir, a.frames)
     if state == "done":
         return None
+    extra = extra_flags(logdir, a.recipe_extra)
     if state == "cut":
-        flags = ["--mode=train_w_load", "--load_model_url=" + logdir, "--total_environment_frames=%d" % a.frames]
+        flags = ["--mode=train_w_load", "--load_model_url=" + logdir,
+                 "--total_environment_frames=%d" % a.frames] + extra
     else:
         flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--level_name=" + level, "--seed=%d" % seed,
-                 "--total_environment_frames=%d" % a.frames]
+                 "--total_environment_frames=%d" % a.frames] + extra
     print("[atari] %s seed %d: %s" % (short(level), seed, "resuming" if state == "cut" else "starting"), flush=True)
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
     with open(os.path.join(logdir, "logs", "learner.log"), "a") as log:  # a resume adds to it
@@ -103,6 +122,7 @@ def summarise(level, seed, logdir, ceiling_fps):
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
+            "extra_flags": " ".join(_json(os.path.join(logdir, "extra_flags.json"), [])),
             "curve": (frames, times, score)}
 
 
@@ -142,7 +162,7 @@ def _cell(x, fmt="%.0f"):
 def table(runs, frames):
     """The Markdown lines: one row per run, then the median human-normalised scores."""
     lines = ["| game | seed | frames | at 10M | at 20M | at 40M | baselines PPO | CleanRL PPO | HNS ours / baselines "
-             "| training time | frames/s (x ceiling) | resumed after |", "|---" * 12 + "|"]
+             "| training time | frames/s (x ceiling) | resumed after | beyond the recipe |", "|---" * 13 + "|"]
     ours, theirs = [], []
     for r in runs:
         base, clean, _, _ = PUBLISHED[r["game"]]
@@ -150,10 +170,11 @@ def table(runs, frames):
         hns = human_normalised(r["game"], r["return_last100"])
         ours.append(hns)
         theirs.append(human_normalised(r["game"], base))
-        lines.append("| %s | %d | %.1fM | %s | %s | %s | %s | %s | %.2f / %.2f | %.0f min | %.0f (%s) | %s |" % (
+        lines.append("| %s | %d | %.1fM | %s | %s | %s | %s | %s | %.2f / %.2f | %.0f min | %.0f (%s) | %s | %s |" % (
             r["game"], r["seed"], r["frames"] / 1e6, _cell(r["at_10M"]), _cell(r["at_20M"]), _cell(final),
             _cell(base), _cell(clean), hns, human_normalised(r["game"], base), r["train_seconds"] / 60, r["fps"],
-            _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-"))
+            _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-",
+            r["extra_flags"] or "-"))
     if ours:
         lines += ["", "Median human-normalised score over these runs (each at its last row): ours %.2f, baselines "
                   "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
@@ -209,5 +230,6 @@ def suite(a, out):
             "Score: mean of the last 100 whole-game training returns. HNS: human-normalised score. Published "
             "figures: ../shared/anchors.md (CleanRL's docs). Training time counts from the learner being ready; "
             "a resumed run's time leaves out the stop.", ""] + table(runs, a.frames) + [
-        "", "Command: `.venv/bin/python bench/run.py atari --games %s --frames %d --seeds %s`" % (
-            " ".join(a.games), a.frames, " ".join(map(str, a.seeds)))]
+        "", "Command: `.venv/bin/python bench/run.py atari --games %s --frames %d --seeds %s%s`" % (
+            " ".join(a.games), a.frames, " ".join(map(str, a.seeds)),
+            " --recipe_extra='%s'" % " ".join(a.recipe_extra) if a.recipe_extra else "")]

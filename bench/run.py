@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -569,6 +570,11 @@ def main():
     p.add_argument("--games", nargs="*", default=[], help="atari: gymnasium ids, e.g. BreakoutNoFrameskip-v4 "
                    "(none: only rebuild the table from the run folders)")
     p.add_argument("--actors", type=int, default=2, help="atari: actor processes per run")
+    p.add_argument("--recipe_extra", type=shlex.split, default=[], help="atari: experiment.py flags after the "
+                   "recipe's, in one argument, for a new run and its resumes (e.g. "
+                   "--recipe_extra=--compute_dtype=float32 where bfloat16 is the slower: "
+                   "bench/results/2core-intel-r-xeon-r-processor/atari_levers.md); kept in the run folder "
+                   "and shown in the table")
     p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
     p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
     p.add_argument("--peers", nargs="*", default=[], choices=sorted(PEER_PONG),

@@ -63,12 +63,14 @@ def test_recipe_is_one_file_for_every_game():
 @pytest.mark.slow
 def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
     """A real Breakout run to one budget, then the suite asked for more: it resumes the run from its
-    checkpoint (train_w_load), says where, and the table and atari.csv have the run at the new budget."""
+    checkpoint (train_w_load), says where, and the table and atari.csv have the run at the new budget;
+    the flags a run started with beyond the recipe stay with its resumes, and others are refused."""
     out = str(tmp_path)
     cmd = [sys.executable, os.path.join(ROOT, "bench", "run.py"), "atari", "--games", "BreakoutNoFrameskip-v4",
            "--seeds", "1", "--out", out, "--base_port", "19650"]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    first = subprocess.run(cmd + ["--frames", "8192"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    first = subprocess.run(cmd + ["--frames", "8192", "--recipe_extra=--compute_dtype=float32"], capture_output=True,
+                           text=True, timeout=600, cwd=ROOT, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     stopped_at = json.load(open(os.path.join(atari.run_dir(out, "BreakoutNoFrameskip-v4", 1), "summary.json")))["frames"]
     second = subprocess.run(cmd + ["--frames", "16384"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
@@ -76,6 +78,12 @@ def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
     assert "Breakout seed 1: resuming" in second.stdout
     rows = list(csv.DictReader(open(os.path.join(out, "atari.csv"))))
     assert len(rows) == 1 and int(rows[0]["frames"]) >= 16384 and rows[0]["resumed_at"] == str(stopped_at)
+    assert rows[0]["extra_flags"] == "--compute_dtype=float32"
+    run = atari.run_dir(out, "BreakoutNoFrameskip-v4", 1)
+    assert json.load(open(os.path.join(run, "options.json")))["compute_dtype"] == "float32"
+    other = subprocess.run(cmd + ["--frames", "32768", "--recipe_extra=--num_sgd_iter=2"], capture_output=True,
+                           text=True, timeout=600, cwd=ROOT, env=env)
+    assert other.returncode != 0 and "a resume keeps the flags a run started with" in other.stderr, other.stderr
     assert os.path.exists(os.path.join(out, "atari_Breakout.png"))
     third = subprocess.run(cmd + ["--frames", "16384"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert third.returncode == 0 and "resuming" not in third.stdout and "starting" not in third.stdout

@@ -119,7 +119,10 @@ flags.DEFINE_float("entropy_cost", 0.00025, "Entropy cost.")
 flags.DEFINE_float("baseline_cost", 0.5, "Baseline cost.")
 flags.DEFINE_float("discounting", 0.99, "Discount factor.")
 flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "none"],
-                  "Reward clipping in the loss.")
+                  "Reward clipping in the loss: abs_one clips each reward to [-1, 1] (IMPALA's and the "
+                  "Atari tables' protocol); none for an env whose rewards carry their size, as MuJoCo's "
+                  "do (configs/mujoco.flags: clipped, HalfCheetah stalled near 2,000). The default "
+                  "applies to every env, yours included.")
 flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global norm; 0 = off.")
 flags.DEFINE_float("learning_rate", 0.00048, "Learning rate of --optimizer (see --learning_rate_decay).")
 flags.DEFINE_enum("learning_rate_decay", "linear", ["linear", "none"], "linear: to 0 at "

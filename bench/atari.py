@@ -149,8 +149,9 @@ def ceiling_fps(logdir, level, screen):
     return _json(path, {})["limit"]
 
 
-def recipe_screen():
-    lines = [ln.strip() for ln in open(os.path.join(ROOT, RECIPE)) if ln.strip().startswith("--")]
+def recipe_screen(extra=()):
+    """(width, height) of the frames: the recipe's, or those of the flags after it."""
+    lines = [ln.strip() for ln in open(os.path.join(ROOT, RECIPE)) if ln.strip().startswith("--")] + list(extra)
     get = {ln.split("=", 1)[0][2:]: ln.split("=", 1)[1] for ln in lines if "=" in ln}
     return int(get.get("width", 84)), int(get.get("height", 84))
 
@@ -202,10 +203,10 @@ def plot(level, runs, frames, out):
 
 def suite(a, out):
     """Runs (or resumes) each game and seed to a.frames, then the table of every run folder there."""
-    screen = recipe_screen()
     for level in a.games:
         for seed in a.seeds:
-            ceiling_fps(run_dir(out, level, seed), level, screen)
+            logdir = run_dir(out, level, seed)
+            ceiling_fps(logdir, level, recipe_screen(extra_flags(logdir, a.recipe_extra)))
             code = run_game(a, level, seed, out)
             if code not in (None, 0):
                 print("[atari] %s seed %d: the learner exited with %s" % (short(level), seed, code), flush=True)

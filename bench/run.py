@@ -98,7 +98,12 @@ def write_machine(out):
     for key, py in (("sf_peer", SF_PY), ("rllib_peer", RLLIB_PY)):
         if os.path.exists(py):
             info[key] = versions(py)
-    with open(os.path.join(out, "machine.json"), "w") as f:
+    path = os.path.join(out, "machine.json")
+    if os.path.exists(path):  # a peer not installed now keeps the versions its tables here were made with
+        with open(path) as f:
+            earlier = json.load(f)
+        info.update({k: v for k, v in earlier.items() if k.endswith("_peer") and k not in info})
+    with open(path, "w") as f:
         json.dump(info, f, indent=2)
     return info
 

@@ -58,6 +58,17 @@ def test_recipe_is_one_file_for_every_game():
     flags = [ln for ln in open(os.path.join(ROOT, atari.RECIPE)) if ln.startswith("--")]
     assert flags and not any(ln.startswith(("--level_name", "--seed")) for ln in flags)
     assert atari.recipe_screen() == (84, 84)
+    assert atari.recipe_screen(["--compute_dtype=float32", "--width=42", "--height=42"]) == (42, 42)
+
+
+def test_a_run_keeps_the_flags_it_started_with(tmp_path):
+    """--recipe_extra: a new run records its flags; a resume asked for none keeps them; others are refused."""
+    d = str(tmp_path / "Breakout_s1")
+    assert atari.extra_flags(d, ["--compute_dtype=float32"]) == ["--compute_dtype=float32"]
+    assert atari.extra_flags(d, []) == ["--compute_dtype=float32"]
+    assert atari.extra_flags(d, ["--compute_dtype=float32"]) == ["--compute_dtype=float32"]
+    with pytest.raises(SystemExit, match="a resume keeps the flags a run started with"):
+        atari.extra_flags(d, ["--num_sgd_iter=2"])
 
 
 @pytest.mark.slow
@@ -87,3 +98,19 @@ def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
     assert os.path.exists(os.path.join(out, "atari_Breakout.png"))
     third = subprocess.run(cmd + ["--frames", "16384"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert third.returncode == 0 and "resuming" not in third.stdout and "starting" not in third.stdout
+
+
+def test_machine_json_keeps_the_peers_it_does_not_measure_again(tmp_path, monkeypatch):
+    """A suite run without a peer's venv keeps that peer's recorded versions (its tables there were made
+    with them) and records this run's own versions and date."""
+    from bench import run as bench_run
+    with open(tmp_path / "machine.json", "w") as f:
+        json.dump({"date": "then", "ours": {}, "sb3_peer": {"torch": "2.13.0+cpu"}}, f)
+    monkeypatch.setattr(bench_run, "SB3_PY", str(tmp_path / "absent"))
+    monkeypatch.setattr(bench_run, "SF_PY", str(tmp_path / "absent"))
+    monkeypatch.setattr(bench_run, "RLLIB_PY", str(tmp_path / "absent"))
+    monkeypatch.setattr(bench_run, "versions", lambda py: {"python": "x"})
+    info = bench_run.write_machine(str(tmp_path))
+    saved = json.load(open(tmp_path / "machine.json"))
+    assert saved == info and saved["sb3_peer"] == {"torch": "2.13.0+cpu"} and saved["date"] != "then"
+    assert saved["ours"] == {"python": "x"}

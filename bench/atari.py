@@ -82,14 +82,13 @@ def extra_flags(logdir, asked):
     return list(asked)
 
 
-def run_game(a, level, seed, out):
-    """Trains one (game, seed) to a.frames, starting it or resuming it; returns the learner's exit code
-    (None when it was already done). Ctrl-C stops the cluster, which checkpoints, and propagates."""
-    logdir = run_dir(out, level, seed)
+def run_game(a, level, seed, logdir, extra):
+    """Trains one (game, seed) in `logdir` to a.frames with the recipe and `extra` (extra_flags), starting
+    it or resuming it; returns the learner's exit code (None when it was already done). Ctrl-C stops the
+    cluster, which checkpoints, and propagates."""
     state = run_state(logdir, a.frames)
     if state == "done":
         return None
-    extra = extra_flags(logdir, a.recipe_extra)
     if state == "cut":
         flags = ["--mode=train_w_load", "--load_model_url=" + logdir,
                  "--total_environment_frames=%d" % a.frames] + extra
@@ -206,8 +205,9 @@ def suite(a, out):
     for level in a.games:
         for seed in a.seeds:
             logdir = run_dir(out, level, seed)
-            ceiling_fps(logdir, level, recipe_screen(extra_flags(logdir, a.recipe_extra)))
-            code = run_game(a, level, seed, out)
+            extra = extra_flags(logdir, a.recipe_extra)
+            ceiling_fps(logdir, level, recipe_screen(extra))
+            code = run_game(a, level, seed, logdir, extra)
             if code not in (None, 0):
                 print("[atari] %s seed %d: the learner exited with %s" % (short(level), seed, code), flush=True)
     runs_root = os.path.join(out, "atari_runs")

@@ -31,8 +31,9 @@ from impala import placement
 # ----------------------------------------------------------------- flags
 flags.DEFINE_string("logdir", None, "Run folder (checkpoints, TensorBoard, metrics). "
                     "Default: results/<level_name>_<unix time>; with --mode=train_w_load, the loaded run.")
-flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load"], "Training, testing, or "
-                  "training resumed from --load_model_url.")
+flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load", "replay_nonfinite"], "Training, testing, "
+                  "training resumed from --load_model_url, or replaying the update that stopped that run on "
+                  "non-finite weights (docs/training.md#non-finite-updates).")
 flags.DEFINE_string("load_model_url", None, "A run folder or checkpoint prefix to resume or test.")
 flags.DEFINE_integer("test_num_episodes", 10, "Episodes played in --mode=test.")
 flags.DEFINE_bool("render", False, "--mode=test: also write the episodes as an animated GIF "
@@ -103,6 +104,12 @@ flags.DEFINE_bool("normalize_returns", False, "Train the baseline head on value 
                   "running mean and variance (Sample Factory's normalize_returns, on in its Atari settings); "
                   "the agent reports values in return units. The statistics move once per batch and travel "
                   "with the weights.")
+flags.DEFINE_bool("preserve_value_outputs", True, "With --normalize_returns, rescale the baseline head's last "
+                  "layer whenever the return statistics move (after the first batch, which sets them) so that "
+                  "its values in return units stay as they were (PopArt's preserve-outputs, van Hasselt "
+                  "et al. 2016). Without it the value targets, "
+                  "bootstrapped from values that move with the statistics, feed back into them and can grow "
+                  "without bound (docs/training.md#return-normalisation).")
 flags.DEFINE_bool("onednn", True, "TensorFlow's oneDNN CPU kernels (sets TF_ENABLE_ONEDNN_OPTS), "
                   "which TensorFlow turns on by itself only on CPUs with AVX-512 and the like; they speed up "
                   "the conv learner on CPUs without them too (bench/results/2core-amd-epyc/onednn.md).")
@@ -187,7 +194,7 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
              "vtrace_lambda", "normalize_advantages", "weight_init", "compute_dtype", "normalize_observations",
-             "normalize_returns"]
+             "normalize_returns", "preserve_value_outputs"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 
@@ -462,7 +469,7 @@ def main(argv):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.set_verbosity(logging.WARNING)  # keep TF's Python INFO lines out of the progress output
     try:
-        if FLAGS.mode in ("test", "train_w_load"):
+        if FLAGS.mode in ("test", "train_w_load", "replay_nonfinite"):
             if not FLAGS.load_model_url and not (FLAGS.mode == "test" and FLAGS.logdir):
                 raise UsageError("--mode=%s needs --load_model_url=<run folder or checkpoint>" % FLAGS.mode)
             src = FLAGS.load_model_url or FLAGS.logdir
@@ -473,6 +480,9 @@ def main(argv):
         validate_run()
         if FLAGS.mode == "test":
             return run_test()
+        if FLAGS.mode == "replay_nonfinite":
+            from impala import diagnose
+            return diagnose.replay_nonfinite(FLAGS, FLAGS.load_model_url)
         if FLAGS.job_name == "actor":
             return run_actor()
         if FLAGS.job_name == "evaluator":

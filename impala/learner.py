@@ -164,7 +164,9 @@ class Learner:
             if anchored:
                 batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
             if ret_norm is not None:  # the value targets as the batch arrived
-                ret_norm.update(tf.stop_gradient(loss_lib.vtrace_targets(out, batch, self.flags).vs), average, fresh)
+                self.agent.update_return_statistics(
+                    tf.stop_gradient(loss_lib.vtrace_targets(out, batch, self.flags).vs), average, fresh,
+                    self.flags.preserve_value_outputs)
         return batch, 1.0 if ret_norm is None else ret_norm.std()
 
     def scheduled_learning_rate(self):

@@ -44,7 +44,8 @@ class Trainer:
         self.step_stats = {}
         self.steps_per_update = flags.num_sgd_iter * flags.num_minibatches
         self.skipped_before, self.refused_in_a_row, self.nonfinite = 0, 0, None
-        self.weights = None  # the flat weights after the last update, as check_finite read them
+        self.weights = learner.flat_weights()  # as last published: check_finite reads them after each update
+        self.last_batch = None  # the batch of the newest update (kept by reference, no copy)
 
     def run(self):
         """Trains until something stops it; returns (reason, exit code)."""
@@ -105,6 +106,7 @@ class Trainer:
             tensors = ready.tensors
             if tensors is None:
                 tensors = self.learner.to_tensors(self.learner.make_batch(ready.live))
+            self.last_batch = tensors
             self.batches.top_up()  # the next batch's dequeue overlaps this update
             new_frames = tf.constant(self.size * ready.n_live * self.learner.frames_per_unroll, tf.int64)
             self.step_stats = self.learner._train_step(tensors, new_frames)
@@ -127,11 +129,22 @@ class Trainer:
         if self.refused_in_a_row >= NONFINITE_UPDATES_IN_A_ROW:
             return ("non-finite gradients in every step of %d updates in a row; the weights were kept as they "
                     "were before them" % self.refused_in_a_row)
-        self.weights = self.learner.flat_weights()  # publish() sends this array: one read per update
+        before, self.weights = self.weights, self.learner.flat_weights()  # publish() sends it: one read per update
         if not np.isfinite(self.weights).all():
+            path = self.keep_nonfinite_batch(before)
             return ("the weights are not finite after update %d (were the observations or rewards NaN?); they "
-                    "were not published, and no checkpoint is written" % (self.version + 1))
+                    "were not published, and no checkpoint is written; the batch and the weights it met are in %s"
+                    % (self.version + 1, path))
         return None
+
+    def keep_nonfinite_batch(self, weights_before):
+        """Writes the batch that made the weights non-finite and the weights it met (published
+        order: experiment.py --mode=replay_nonfinite replays the update on them) to the run folder;
+        returns the file's path."""
+        path = os.path.join(self.learner.logdir, "nonfinite_batch_rank%d.npz" % self.rank)
+        arrays = {"batch/" + k: np.asarray(v) for k, v in self.last_batch.items()}
+        np.savez_compressed(path, version=self.version, weights_before=weights_before, **arrays)
+        return path
 
     def publish(self):
         with self.timings.time("publish"):

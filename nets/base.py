@@ -188,9 +188,14 @@ class PolicyValueHeads(snt.Module):
         self.distribution = distributions.make(actions)
         width = self.distribution.param_size // (2 if self.distribution.continuous else 1)
         self._policy = snt.Linear(width, name="policy_logits")
-        self._baseline = snt.Linear(1, name="baseline")
+        self._baseline = snt.Linear(1, name="baseline")  # the attribute's name is a key in checkpoints
         self._log_std = (tf.Variable(tf.fill([width], self.distribution.initial_log_std), name="log_std")
                          if self.distribution.continuous else None)
+
+    @property
+    def value_layer(self):
+        """The baseline's linear layer (its w and b exist once the heads have been called)."""
+        return self._baseline
 
     def __call__(self, features, value_features=None):  # features [N, F]
         params = self._policy(features)
@@ -225,6 +230,27 @@ class AgentBase(snt.Module):
         if obs.dtype == tf.uint8:
             return tf.cast(obs, self.compute_dtype), FRAME_SCALE
         return preprocess_observation(obs), 1.0
+
+    def update_return_statistics(self, targets, average=None, mask=None, preserve_outputs=True):
+        """Folds value targets into the return normaliser (RunningNormaliser.update's
+        arguments). With preserve_outputs the baseline head's last layer is rescaled so
+        that every state's value in return units is what it was (PopArt, van Hasselt et al.
+        2016): otherwise a new std or mean moves every value, the targets bootstrapped from
+        them move too, and the statistics can chase their own targets geometrically (a
+        HalfCheetah run's std passed 1e17 within 60 updates)."""
+        norm = self.return_normaliser
+        old_mean, old_std = norm.mean.read_value(), norm.std()
+        # Before the first targets the statistics are the prior (mean 0, std 1), so the values
+        # are the untrained head's: keeping those would leave the head to unlearn them step by
+        # step at the optimizer's pace; the first batch sets them (as without preservation).
+        seen = norm.count.read_value() > 1.0
+        norm.update(targets, average, mask)
+        if preserve_outputs:
+            head = self._heads.value_layer
+            scale = tf.cast(old_std / norm.std(), head.w.dtype)
+            shift = tf.cast((old_mean - norm.mean) / norm.std(), head.b.dtype)
+            head.w.assign(tf.where(seen, head.w * scale, head.w))
+            head.b.assign(tf.where(seen, head.b * scale + shift, head.b))
 
     def _in_return_units(self, out):
         if self.return_normaliser is None:

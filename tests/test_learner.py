@@ -239,6 +239,42 @@ def test_value_scale_trains_the_head_on_standardised_returns():
                                0.25 * np.sum(((vs - (raw.numpy()[:T] * std + mean)) / std) ** 2), rtol=1e-4)
 
 
+def _values_after_updates(preserve, updates=40):
+    """A CartPole MLP agent whose value head starts with a wide spread (x 20), trained on
+    nothing: each update's targets are 0.98 x its own values of a fixed batch of states
+    (zero rewards), as V-trace's are when the episodes go on. Returns (values before,
+    values after, the return normaliser's std after)."""
+    tf.random.set_seed(0)
+    agent, _, _ = agent_lib.build_agent("CartPole-v1", "MLPAgent", 5, normalize_returns=True)
+    head = agent._heads.value_layer
+    head.w.assign(head.w * 20.0)
+    obs = tf.constant(np.random.default_rng(1).normal(size=(6, 8, 4)).astype(np.float32))
+    values = lambda: agent(tf.reshape(obs, [-1, 4]), tf.zeros([48], bool), ())[0].baseline.numpy()
+    update = lambda: agent.update_return_statistics(tf.constant(0.98 * values().reshape(6, 8)),
+                                                    preserve_outputs=preserve)
+    untrained = values()
+    update()  # the first targets replace the prior statistics (mean 0, std 1) and move the values
+    before = values()
+    assert not np.allclose(before, untrained, rtol=0.1)
+    for _ in range(updates):
+        update()
+    return before, values(), float(agent.return_normaliser.std())
+
+
+def test_moving_return_statistics_leave_the_values_in_return_units_as_they_were():
+    """--preserve_value_outputs (PopArt): after the first targets, the head's last layer is
+    rescaled with every move of the statistics, so the values the actors and V-trace read do
+    not move with them and the statistics settle on the targets' own spread. The plain normaliser moves every value
+    with its statistics, the bootstrapped targets follow, and here its std grows by orders
+    of magnitude in 40 updates, or overflows (as a HalfCheetah run's did)."""
+    before, after, std = _values_after_updates(preserve=True)
+    np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
+    assert 0.3 * before.std() < std < 3 * before.std()
+    before, after, std = _values_after_updates(preserve=False)
+    assert not std < 1000 * before.std()  # far larger, or overflowed to NaN on other initial weights
+    assert not np.abs(after).max() < 1000 * np.abs(before).max()
+
+
 def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(tmp_path):
     """--normalize_observations and --normalize_returns: one update of the statistics per
     batch (not per gradient step), from the batch's T x B observations and value targets;

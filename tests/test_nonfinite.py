@@ -2,12 +2,17 @@
 overflow, a gradient step with NaN gradients is refused and counted, a run of them stops the
 learner with exit code 7, actors refuse non-finite weights, and an invalid action is an error
 instead of a hang inside ale-py's vector env."""
+import json
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import experiment
 import vtrace
 from envs import batch as env_batch
 from impala import actor as actor_lib
@@ -15,6 +20,8 @@ from impala import learner
 from impala import loss as loss_lib
 from impala import training
 from tests.test_learner import _experiment_defaults
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _surrogate_grad(ratio_fn):
@@ -78,6 +85,7 @@ def _trainer(lrn, log):
     t.learner, t.log, t.rank, t.version = lrn, log, 0, 0
     t.steps_per_update = lrn.flags.num_sgd_iter * lrn.flags.num_minibatches
     t.skipped_before, t.refused_in_a_row = 0, 0
+    t.weights, t.last_batch = lrn.flat_weights(), {}
     return t
 
 
@@ -99,6 +107,37 @@ def test_a_run_of_nan_updates_stops_the_learner_and_nan_weights_are_never_publis
     # normaliser, say) stop the run before they are published.
     lrn.variables[0].assign(tf.fill(lrn.variables[0].shape, np.nan))
     assert "the weights are not finite after update" in t.check_finite()
+
+
+def test_the_batch_that_made_the_weights_nan_is_kept_and_the_replay_names_the_stage(tmp_path):
+    """A NaN observation makes the observation normaliser's statistics NaN: the learner stops,
+    writes that batch and the finite weights it met to the run folder, and
+    experiment.py --mode=replay_nonfinite, run on the folder as a user would, replays the
+    update and names the observations as where it went wrong (exit code 1)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lrn = _cartpole_learner(run, normalize_observations=True, normalize_returns=True)
+    with open(run / "options.json", "w") as f:
+        json.dump({name: getattr(lrn.flags, name) for name in experiment.RUN_FLAGS}, f)
+    t = _trainer(lrn, _Log())
+    good = lrn.flat_weights()
+    bad = _batch(lrn, 1.0)
+    obs = bad["observation"].numpy()
+    obs[2, 1, 3] = np.nan
+    bad["observation"] = tf.constant(obs)
+    t.last_batch = bad
+    t.step_stats = lrn._train_step(bad, tf.constant(20, tf.int64))
+    why = t.check_finite()
+    assert "the weights are not finite after update 1" in why and str(run / "nonfinite_batch_rank0.npz") in why
+    kept = np.load(run / "nonfinite_batch_rank0.npz")
+    np.testing.assert_array_equal(kept["weights_before"], good)
+    np.testing.assert_array_equal(kept["batch/observation"], obs)
+    r = subprocess.run([sys.executable, "experiment.py", "--mode=replay_nonfinite", "--load_model_url=%s" % run],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if "NOT FINITE" in line]
+    assert lines[0].split()[0] == "observation" and "first at [2, 1, 3]" in lines[0], r.stdout
+    assert "observation normaliser mean" in lines[1], r.stdout
 
 
 def test_an_actor_keeps_its_weights_when_the_published_ones_are_not_finite():

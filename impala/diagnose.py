@@ -1,0 +1,105 @@
+"""`experiment.py --mode=replay_nonfinite --load_model_url=<run>`: replays the update that
+stopped a run on non-finite weights, stage by stage, and names the first stage whose output
+is NaN or infinite.
+
+When the learner's weights stop being finite it writes the batch of that update and the
+weights it met to <run>/nonfinite_batch_rank<r>.npz (impala/training.py) and stops with exit
+code 7. This rebuilds the run's agent with the run's flags (experiment.py restores them from
+options.json), loads those weights and walks the update's first half: the normalisers, the
+unroll, V-trace's targets, then the losses and gradients of one full-batch step, printing
+each stage's range. Returns 0 when every stage is finite (the cause then lies in the later
+gradient steps or the optimizer's state, which the file does not hold), 1 when one is not.
+"""
+import glob
+import os
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+import nets
+from impala import agent as agent_lib
+from impala import learner as learner_lib
+from impala import loss as loss_lib
+
+TARGET_FIELDS = ("log_rhos", "behaviour_action_log_probs", "target_action_log_probs", "vs", "pg_advantages")
+
+
+def describe(name, value):
+    """Prints one line with the value's shape and range; returns whether it is all finite."""
+    a = np.asarray(value, dtype=np.float64)
+    finite = np.isfinite(a)
+    ok = bool(finite.all())
+    shown = a[finite] if finite.any() else np.zeros(1)
+    print("  %-34s %-14s %s  min %.4g  max %.4g  max|x| %.4g%s"
+          % (name, str(a.shape), "finite " if ok else "NOT FINITE", shown.min(), shown.max(), np.abs(shown).max(),
+             "" if ok else "  (%d of %d entries non-finite, first at %s)"
+             % (a.size - finite.sum(), a.size, np.argwhere(~finite)[0].tolist())))
+    return ok
+
+
+def load(path):
+    """(the update's index, the weights it met, the batch) of a file the learner kept."""
+    data = np.load(path)
+    batch = {k[len("batch/"):]: data[k] for k in data.files if k.startswith("batch/")}
+    return int(data["version"]), data["weights_before"], batch
+
+
+def statistics_stage(learner, tensors, flags):
+    """The batch-start half of the update (Learner._batch_start, stage by stage); returns
+    (all finite, the batch with "old_logits" where the run anchors its ratio, value scale)."""
+    agent = learner.agent
+    ok = True
+    if agent.obs_normaliser is not None:
+        agent.obs_normaliser.update(nets.preprocess_observation(tensors["observation"][:-1]), None,
+                                    tensors.get("fresh"))
+        ok = all([describe("observation normaliser mean", agent.obs_normaliser.mean),
+                  describe("observation normaliser var", agent.obs_normaliser.var)])
+    out, _ = agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
+    ok = all([describe("policy parameters", out.policy_logits), describe("baseline (return units)", out.baseline)]) and ok
+    if flags.clip_param > 0 and flags.clip_ratio_to == "batch_start":
+        tensors = dict(tensors, old_logits=out.policy_logits[:-1])
+    targets = loss_lib.vtrace_targets(out, tensors, flags)
+    ok = all([describe("v-trace " + k, getattr(targets, k)) for k in TARGET_FIELDS
+              if getattr(targets, k, None) is not None]) and ok
+    if agent.return_normaliser is None:
+        return ok, tensors, 1.0
+    agent.update_return_statistics(targets.vs, None, tensors.get("fresh"), flags.preserve_value_outputs)
+    ok = all([describe("return normaliser mean", agent.return_normaliser.mean),
+              describe("return normaliser var", agent.return_normaliser.var)]) and ok
+    return ok, tensors, agent.return_normaliser.std()
+
+
+def replay_file(flags, path):
+    """Replays one kept update; returns whether every stage was finite."""
+    version, weights, batch = load(path)
+    print("%s: update %d, batch of %d unrolls" % (path, version + 1, batch["action"].shape[1]))
+    print("inputs:")
+    ok = all([describe(k, v) for k, v in sorted(batch.items()) if v.dtype.kind in "fiu"]
+             + [describe("weights_before", weights)])
+    learner = learner_lib.Learner(flags, tempfile.mkdtemp(prefix="replay_nonfinite_"))
+    agent_lib.make_weight_setter(nets.published_variables(learner.agent))(tf.constant(weights))
+    print("the update's stages, in order:")
+    finite, tensors, value_scale = statistics_stage(learner, {k: tf.constant(v) for k, v in batch.items()}, flags)
+    with tf.GradientTape() as tape:
+        out, _ = learner.agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
+        loss, stats = loss_lib.compute_losses(out, tensors, flags, value_scale)
+    ok = all([finite, describe("total loss (one full-batch step)", loss)]
+             + [describe("  " + k, stats[k]) for k in sorted(stats)]
+             + [describe("gradient global norm", tf.linalg.global_norm(tape.gradient(loss, learner.variables)))]) and ok
+    print("every stage is finite: the NaN came from a later gradient step or the optimizer's state" if ok else
+          "the first NOT FINITE line above is where the update first went wrong")
+    return ok
+
+
+def replay_nonfinite(flags, run):
+    """Every rank's kept update in the run folder `run`; the exit code (0: all finite, 1: not,
+    2: nothing to replay)."""
+    folder = run if os.path.isdir(run) else os.path.dirname(os.path.dirname(run))
+    paths = sorted(glob.glob(os.path.join(folder, "nonfinite_batch_rank*.npz")))
+    if not paths:
+        print("experiment.py: error: %s holds no nonfinite_batch_rank<r>.npz: the learner writes one only when "
+              "a run stops on non-finite weights (exit code 7)" % folder, file=sys.stderr)
+        return 2
+    return 0 if all([replay_file(flags, p) for p in paths]) else 1

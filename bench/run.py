@@ -6,6 +6,7 @@
   .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
   .venv/bin/python bench/run.py pong_long --seeds --peers sf rllib   # the peers' own Pong settings, 70 min each
   .venv/bin/python bench/run.py atari --games BreakoutNoFrameskip-v4 --frames 40000000 --seeds 1   # bench/atari.py
+  .venv/bin/python bench/run.py mujoco --frames 3000000 --peer_budget_s 1200 --seeds 1 2 3   # bench/mujoco.py
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
 package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
@@ -30,6 +31,7 @@ import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
 from bench import atari
+from bench import mujoco
 from bench import cartpole_impala
 from bench import ceiling
 from bench import common
@@ -558,7 +560,7 @@ def _si(n):
 
 
 SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling": suite_scaling,
-          "pong_long": suite_pong_long, "atari": atari.suite}
+          "pong_long": suite_pong_long, "atari": atari.suite, "mujoco": mujoco.suite}
 
 
 def main():
@@ -580,12 +582,16 @@ def main():
                    "--recipe_extra=--compute_dtype=float32 where bfloat16 is the slower: "
                    "bench/results/2core-intel-r-xeon-r-processor/atari_levers.md); kept in the run folder "
                    "and shown in the table")
+    p.add_argument("--contenders", nargs="+", default=None, choices=mujoco.CONTENDERS,
+                   help="mujoco: which systems to run (default all; the others' finished runs are still read)")
+    p.add_argument("--peer_steps", type=int, default=1_000_000, help="mujoco: env steps of each PPO run")
+    p.add_argument("--target", type=float, default=5000.0, help="mujoco: the return whose time to reach is timed")
     p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
     p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
     p.add_argument("--peers", nargs="*", default=[], choices=sorted(PEER_PONG),
                    help="pong_long: also run these peers' own tuned Pong settings, one run per seed")
     p.add_argument("--peer_seeds", type=int, nargs="+", default=[1], help="pong_long: seeds of the peer runs")
-    p.add_argument("--peer_budget_s", type=float, default=4200, help="pong_long: time budget of each peer run")
+    p.add_argument("--peer_budget_s", type=float, default=4200, help="pong_long, mujoco: time budget of each peer run")
     p.add_argument("--base_port", type=int, default=19100)
     p.add_argument("--out", default=None, help="default bench/results/<machine>/")
     a = p.parse_args()

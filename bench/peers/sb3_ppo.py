@@ -11,6 +11,12 @@ observations, frame skip and episode statistics are exactly those our IMPALA see
               gae 0.8, gamma 0.98, 20 epochs, lr 1e-3 linear, clip 0.2 linear,
               ent 0.0); wall-clock seconds until the mean return of the last 20
               episodes >= --threshold, or --budget_s.
+  halfcheetah: HalfCheetah-v5 with rl-baselines3-zoo's tuned PPO (hyperparams/ppo.yml,
+              HalfCheetah-v3/v4: 1 env, n_steps 512, batch 64, 20 epochs, gamma 0.98,
+              gae 0.92, lr 2.0633e-5, ent 0.000401762, clip 0.1, max_grad_norm 0.8,
+              vf 0.58096, log_std_init -2, no ortho init, pi/vf [256, 256] ReLU, VecNormalize
+              of observations and rewards); trains for --total_steps or --budget_s and writes
+              every finished training episode (steps, seconds, raw return) to --curve.
 
 Prints one JSON line with the result.
 """
@@ -33,7 +39,8 @@ from stable_baselines3 import PPO  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 from stable_baselines3.common.logger import Logger  # noqa: E402
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor  # noqa: E402
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecTransposeImage  # noqa: E402
+from stable_baselines3.common.vec_env import (DummyVecEnv, SubprocVecEnv, VecNormalize,  # noqa: E402
+                                              VecTransposeImage)
 
 import envs  # noqa: E402
 
@@ -123,9 +130,45 @@ def cartpole(a):
                                         for i in range(19, len(cb.returns))), default=float("nan"))}
 
 
+class EpisodeCurve(BaseCallback):
+    """Every finished episode's (env steps, seconds since training began, raw return)."""
+
+    def __init__(self, deadline):
+        super().__init__()
+        self.rows, self.deadline, self.t_start = [], deadline, time.time()
+
+    def _on_step(self):
+        for info in self.locals["infos"]:
+            ep = info.get("episode")
+            if ep is not None:
+                self.rows.append((self.num_timesteps, time.time() - self.t_start, float(np.asarray(ep["r"]))))
+        return time.time() < self.deadline
+
+
+def halfcheetah(a):
+    vec = VecNormalize(DummyVecEnv([make("HalfCheetah-v5", a.seed)]), gamma=0.98)
+    model = PPO("MlpPolicy", vec, n_steps=512, batch_size=64, n_epochs=20, gamma=0.98, gae_lambda=0.92,
+                learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1, max_grad_norm=0.8,
+                vf_coef=0.58096, seed=a.seed, device="cpu", verbose=0,
+                policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+                                   net_arch=dict(pi=[256, 256], vf=[256, 256])))
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    t0 = time.time()
+    cb = EpisodeCurve(deadline=t0 + a.budget_s)
+    model.learn(total_timesteps=a.total_steps, callback=cb)
+    seconds = time.time() - t0
+    vec.close()
+    with open(a.curve, "w") as f:
+        f.write("episode,steps,time_s,return\n")
+        for i, (steps, t, r) in enumerate(cb.rows):
+            f.write("%d,%d,%.3f,%.3f\n" % (i + 1, steps, t, r))
+    return {"peer": "sb3_ppo", "suite": "halfcheetah", "seed": a.seed, "steps": int(model.num_timesteps),
+            "seconds": seconds, "episodes": len(cb.rows), "curve": a.curve}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("suite", choices=["throughput", "cartpole"])
+    p.add_argument("suite", choices=["throughput", "cartpole", "halfcheetah"])
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--n_envs", type=int, default=16)
     p.add_argument("--seconds", type=float, default=90)
@@ -133,11 +176,12 @@ def main():
     p.add_argument("--threshold", type=float, default=475)
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--total_steps", type=int, default=2_000_000)
+    p.add_argument("--curve", default="sb3_halfcheetah_curve.csv", help="halfcheetah: where the episodes go")
     p.add_argument("--torch_threads", type=int, default=0, help="0: torch's default (all cores)")
     a = p.parse_args()
     if a.torch_threads:
         torch.set_num_threads(a.torch_threads)
-    out = throughput(a) if a.suite == "throughput" else cartpole(a)
+    out = {"throughput": throughput, "cartpole": cartpole, "halfcheetah": halfcheetah}[a.suite](a)
     out.update(torch=torch.__version__, sb3=__import__("stable_baselines3").__version__)
     print(json.dumps(out), flush=True)
 

@@ -1,0 +1,214 @@
+"""The MuJoCo suite (`bench/run.py mujoco`): HalfCheetah-v5 through our IMPALA actors
+(configs/mujoco.flags) beside WALL-E's PPO and Stable-Baselines3's PPO, both with
+rl-baselines3-zoo's tuned HalfCheetah recipe, on the same cores.
+
+    .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --frames 3000000 --peer_steps 1000000
+    .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --contenders walle sb3   # the others' runs are read
+    .venv/bin/python bench/run.py mujoco --seeds                                # only rebuild the table
+
+The runs interleave: seed 1 of every contender, then seed 2's, and so on. Each lives in
+<out>/mujoco_runs/<contender>_s<seed>/; a finished one is read, not run again, so an invocation cut
+off part way goes on where it stopped (an unfinished run starts afresh: its clock would not be one
+run's; one that failed is kept with its exit code: move its folder aside to run it again). IMPALA
+runs to --frames env steps; the PPOs to --peer_steps or --peer_budget_s.
+
+Score: the mean training return (exploration noise on) over a window of the newest finished
+episodes: 20 for IMPALA, whose 16 envs end their 1,000-step episodes together, and 10 for the PPOs
+(1-2 envs; WALL-E's return_last10); IMPALA's mean of 100 is shown as well. Time to the target:
+seconds of training until the score first reaches --target (each system's own clock from its training
+loop's start; the wall column includes start-up). Writes <out>/mujoco.md, mujoco.csv and
+mujoco_curves.csv (every run's curve) and mujoco_HalfCheetah.png.
+"""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench import common
+from bench import ppo_halfcheetah
+from local_cluster import LocalCluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = "configs/mujoco.flags"
+LEVEL = "HalfCheetah-v5"
+CONTENDERS = ("impala", "walle", "sb3")
+LABELS = {"impala": "IMPALA (ours, configs/mujoco.flags, 2 actors x 8 envs)",
+          "walle": "WALL-E PPO (ours, rl-zoo recipe, 2 samplers)",
+          "sb3": "SB3 PPO (rl-zoo recipe, 1 env)"}
+WINDOW = {"impala": 20, "walle": 10, "sb3": 10}
+CSV_FIELDS = ["contender", "seed", "steps", "score", "score_window", "mean_return_100", "best", "steps_to_target",
+              "time_to_target_s", "steps_per_s", "train_s", "wall_s", "exit"]
+
+
+def run_dir(out, contender, seed):
+    return os.path.join(out, "mujoco_runs", "%s_s%d" % (contender, seed))
+
+
+def _json(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_one(a, contender, seed, logdir, sb3_py):
+    """Runs one contender for one seed in a fresh `logdir` and records how it ended in
+    logdir/done.json (what makes the run finished); Ctrl-C stops it and propagates."""
+    shutil.rmtree(logdir, ignore_errors=True)
+    os.makedirs(logdir)
+    print("[mujoco] %s seed %d: starting" % (contender, seed), flush=True)
+    t0 = time.time()
+    if contender == "impala":
+        flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--seed=%d" % seed,
+                 "--total_environment_frames=%d" % a.frames]
+        with LocalCluster(2, a.base_port, flags, logdir) as cluster:
+            code = cluster.wait()
+        command = "local_cluster.py --num_actors=2 -- " + " ".join(flags).replace(ROOT + os.sep, "")
+    elif contender == "walle":
+        cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), LEVEL, "-it", "1000000", "--max_steps",
+               str(a.peer_steps), "-n", "2", "--seed", str(seed), "--logdir", logdir, "--quiet",
+               "--eval_episodes", "0"] + ppo_halfcheetah.VARIANTS["zoo"]
+        code = subprocess.call(cmd, cwd=ROOT)
+        command = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:])
+    else:
+        args = ["halfcheetah", "--seed=%d" % seed, "--total_steps=%d" % a.peer_steps,
+                "--budget_s=%g" % a.peer_budget_s, "--curve=" + os.path.join(logdir, "episodes.csv")]
+        code = subprocess.call([sb3_py, os.path.join(ROOT, "bench", "peers", "sb3_ppo.py")] + args, cwd=ROOT)
+        command = ".peer-venv-sb3/bin/python bench/peers/sb3_ppo.py " + " ".join(args)
+    with open(os.path.join(logdir, "done.json"), "w") as f:
+        json.dump({"exit": code, "wall_s": time.time() - t0, "command": command}, f)
+
+
+def curve(contender, logdir):
+    """(steps, training seconds, score over the contender's window, mean of the last 100 or None)."""
+    if contender == "impala":
+        rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
+        col = lambda k: np.array([float(r[k]) for r in rows])
+        return col("frames"), col("time_s"), col("mean_return_20"), col("mean_return_100")
+    if contender == "walle":
+        rows = [r for r in ppo_halfcheetah.read_rows(logdir) if r["return_last10"] != ""]
+        col = lambda k: np.array([float(r[k]) for r in rows])
+        return col("steps"), col("time"), col("return_last10"), None
+    rows = common.read_csv(os.path.join(logdir, "episodes.csv"))
+    returns = np.array([float(r["return"]) for r in rows])
+    mean_of = lambda n: np.array([returns[max(0, i + 1 - n):i + 1].mean() for i in range(len(returns))])
+    return (np.array([float(r["steps"]) for r in rows]), np.array([float(r["time_s"]) for r in rows]),
+            mean_of(WINDOW["sb3"]), mean_of(100))
+
+
+def summarise(contender, seed, logdir, target):
+    done = _json(os.path.join(logdir, "done.json"))
+    if done is None:
+        return None
+    steps, secs, score, last100 = curve(contender, logdir)
+    if not len(steps):
+        return dict(contender=contender, seed=seed, steps=0, exit=done["exit"], wall_s=done["wall_s"],
+                    command=done["command"], curve=None)
+    hit = np.flatnonzero(score >= target)
+    return {"contender": contender, "seed": seed, "steps": int(steps[-1]), "score": float(score[-1]),
+            "score_window": WINDOW[contender], "mean_return_100": float(last100[-1]) if last100 is not None else "",
+            "best": float(score.max()), "steps_to_target": int(steps[hit[0]]) if len(hit) else "",
+            "time_to_target_s": float(secs[hit[0]]) if len(hit) else "",
+            "steps_per_s": float(steps[-1] / secs[-1]) if secs[-1] > 0 else "", "train_s": float(secs[-1]),
+            "wall_s": done["wall_s"], "exit": done["exit"], "command": done["command"], "curve": (steps, secs, score)}
+
+
+def table(runs, a):
+    lines = ["# HalfCheetah-v5: IMPALA beside WALL-E PPO and SB3 PPO, %d seed(s), same cores (%s)" % (
+        len({r["seed"] for r in runs}), time.strftime("%Y-%m-%d", time.gmtime())), "",
+        "Score: mean training return of the newest 20 (IMPALA) or 10 (PPOs) episodes; mean-100: of the "
+        "newest 100. Time to %s: training seconds until the score first reached it." % f"{a.target:,.0f}", "",
+        "| contender | seed | env steps | score | mean-100 | best | steps to %s | time to %s (s) | env steps/s | "
+        "wall (s) | exit |" % (f"{a.target:,.0f}", f"{a.target:,.0f}"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, f="%.0f": f % x if x != "" else "-"
+    for r in runs:
+        if r.get("curve") is None:
+            lines.append("| %s | %d | 0 | - | - | - | - | - | - | %.0f | %s |" % (
+                r["contender"], r["seed"], r["wall_s"], r["exit"]))
+            continue
+        lines.append("| %s | %d | %s | %.0f | %s | %.0f | %s | %s | %s | %.0f | %s |" % (
+            r["contender"], r["seed"], f"{r['steps']:,}", r["score"], fmt(r["mean_return_100"]), r["best"],
+            fmt(r["steps_to_target"], "%d"), fmt(r["time_to_target_s"]), fmt(r["steps_per_s"]), r["wall_s"], r["exit"]))
+    lines += ["", "| contender | seeds at %s | time to %s: median (min-max) s | steps to it: median |" % (
+        f"{a.target:,.0f}", f"{a.target:,.0f}"), "|---|---|---|---|"]
+    for c in CONTENDERS:
+        mine = [r for r in runs if r["contender"] == c and r.get("curve") is not None]
+        if not mine:
+            continue
+        hits = [r for r in mine if r["time_to_target_s"] != ""]
+        t = [r["time_to_target_s"] for r in hits]
+        lines.append("| %s | %d of %d | %s | %s |" % (
+            LABELS[c], len(hits), len(mine),
+            "%.0f (%.0f-%.0f)" % (np.median(t), min(t), max(t)) if t else "not reached",
+            f"{int(np.median([r['steps_to_target'] for r in hits])):,}" if hits else "-"))
+    lines += ["", "Commands (repository root): " + "; ".join("`%s`" % r["command"] for r in runs
+                                                            if r["seed"] == runs[0]["seed"])]
+    return lines
+
+
+def plot(runs, out, target):
+    fig, axes = common.subplots(1, 2, figsize=(12, 4.5))
+    for i, c in enumerate(CONTENDERS):
+        for j, r in enumerate(r for r in runs if r["contender"] == c and r.get("curve") is not None):
+            steps, secs, score = r["curve"]
+            for ax, x in zip(axes, (steps, secs)):
+                ax.plot(x, score, color="C%d" % i, alpha=0.8, label=LABELS[c] if j == 0 else None)
+    for ax, x in zip(axes, ("env steps", "training seconds")):
+        ax.axhline(target, color="gray", ls="--", alpha=0.6)
+        ax.set_xlabel(x)
+        ax.set_ylabel("training return (mean of newest 20 / 10 episodes)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.suptitle("HalfCheetah-v5, one line per seed")
+    common.save_figure(fig, os.path.join(out, "mujoco_HalfCheetah.png"))
+
+
+def suite(a, out):
+    from bench import run as harness  # the harness imports this module
+    contenders = a.contenders or list(CONTENDERS)
+    sb3_py = harness.SB3_PY
+    if "sb3" in contenders and a.seeds:
+        error = harness.ensure_peer("sb3")
+        if error:
+            raise SystemExit("mujoco: the SB3 peer could not be installed (%s); leave it out with "
+                             "--contenders impala walle" % error)
+    for seed in a.seeds:
+        for c in contenders:
+            logdir = run_dir(out, c, seed)
+            if _json(os.path.join(logdir, "done.json")) is None:
+                run_one(a, c, seed, logdir, sb3_py)
+    runs = []
+    for seed in sorted({int(n.rsplit("_s", 1)[1]) for n in os.listdir(os.path.join(out, "mujoco_runs"))}
+                       if os.path.isdir(os.path.join(out, "mujoco_runs")) else []):
+        for c in CONTENDERS:
+            r = summarise(c, seed, run_dir(out, c, seed), a.target)
+            if r is not None:
+                runs.append(r)
+    if not runs:
+        raise SystemExit("mujoco: no finished runs under %s (give --seeds)" % os.path.join(out, "mujoco_runs"))
+    write_csv(os.path.join(out, "mujoco.csv"), runs)
+    write_curves(os.path.join(out, "mujoco_curves.csv"), runs)
+    plot(runs, out, a.target)
+    return table(runs, a)
+
+
+def write_curves(path, runs):
+    """Every run's curve, since the run folders stay out of git."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["contender", "seed", "steps", "train_s", "score"])
+        for r in runs:
+            if r.get("curve") is not None:
+                w.writerows([r["contender"], r["seed"], int(x), "%.1f" % t, "%.1f" % y] for x, t, y in zip(*r["curve"]))
+
+
+def write_csv(path, runs):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(runs)

@@ -49,16 +49,9 @@ def run_dir(out, level, seed):
     return os.path.join(out, "atari_runs", "%s_s%d" % (short(level), seed))
 
 
-def _json(path, default):
-    if not os.path.exists(path):
-        return default
-    with open(path) as f:
-        return json.load(f)
-
-
 def run_state(logdir, frames):
     """'done' (reached `frames`), 'cut' (has a checkpoint to resume from) or 'new'."""
-    summary = _json(os.path.join(logdir, "summary.json"), {})
+    summary = common.read_json(os.path.join(logdir, "summary.json"), {})
     if summary.get("frames", 0) >= frames:
         return "done"
     ckpts = os.path.join(logdir, "checkpoints")
@@ -70,7 +63,7 @@ def extra_flags(logdir, asked):
     its resumes keep; a new run records `asked`. Asking a started run for others is an error."""
     path = os.path.join(logdir, "extra_flags.json")
     if os.path.exists(path):
-        started = _json(path, [])
+        started = common.read_json(path, [])
         if asked and asked != started:
             raise SystemExit("--recipe_extra %s: %s started with %s; a resume keeps the flags a run started with "
                              "(move the folder aside for a new run)" % (" ".join(asked), logdir, " ".join(started)
@@ -121,7 +114,7 @@ def summarise(level, seed, logdir, ceiling_fps):
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
-            "extra_flags": " ".join(_json(os.path.join(logdir, "extra_flags.json"), [])),
+            "extra_flags": " ".join(common.read_json(os.path.join(logdir, "extra_flags.json"), [])),
             "curve": (frames, times, score)}
 
 
@@ -145,7 +138,7 @@ def ceiling_fps(logdir, level, screen):
         os.makedirs(logdir, exist_ok=True)
         with open(path, "w") as f:
             json.dump(ceiling.physical_limit(level, os.cpu_count(), 10.0, screen), f)
-    return _json(path, {})["limit"]
+    return common.read_json(path, {})["limit"]
 
 
 def recipe_screen(extra=()):
@@ -217,7 +210,7 @@ def suite(a, out):
         game, seed = name.rsplit("_s", 1)
         level = "%sNoFrameskip-v4" % game
         logdir = os.path.join(runs_root, name)
-        r = summarise(level, int(seed), logdir, _json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
+        r = summarise(level, int(seed), logdir, common.read_json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
         if r is not None and game in PUBLISHED:
             runs.append(r)
             csv_rows.append({k: r[k] for k in CSV_FIELDS})

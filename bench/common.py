@@ -33,6 +33,14 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def read_json(path, default=None):
+    """A JSON file's content; `default` where the file is not there (yet)."""
+    if not os.path.exists(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
 def finished_run(logdir):
     """What a stopped run left in `logdir`: metrics.csv's rows, summary.json (None where the
     learner wrote none) and the learner's log ("" where there is none); then removes `logdir`,

@@ -49,13 +49,6 @@ def run_dir(out, contender, seed):
     return os.path.join(out, "mujoco_runs", "%s_s%d" % (contender, seed))
 
 
-def _json(path):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def run_one(a, contender, seed, logdir, sb3_py):
     """Runs one contender for one seed in a fresh `logdir` and records how it ended in
     logdir/done.json (what makes the run finished); Ctrl-C stops it and propagates."""
@@ -102,7 +95,7 @@ def curve(contender, logdir):
 
 
 def summarise(contender, seed, logdir, target):
-    done = _json(os.path.join(logdir, "done.json"))
+    done = common.read_json(os.path.join(logdir, "done.json"))
     if done is None:
         return None
     steps, secs, score, last100 = curve(contender, logdir)
@@ -180,7 +173,7 @@ def suite(a, out):
     for seed in a.seeds:
         for c in contenders:
             logdir = run_dir(out, c, seed)
-            if _json(os.path.join(logdir, "done.json")) is None:
+            if common.read_json(os.path.join(logdir, "done.json")) is None:
                 run_one(a, c, seed, logdir, sb3_py)
     runs = []
     for seed in sorted({int(n.rsplit("_s", 1)[1]) for n in os.listdir(os.path.join(out, "mujoco_runs"))}

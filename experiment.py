@@ -153,6 +153,11 @@ flags.DEFINE_enum("clip_ratio_to", "behaviour", ["behaviour", "batch_start"], "W
                   "without a target network); batch_start: the learner's policy pi_old when the batch "
                   "arrived (PPO's ratio, 1 at the first step however stale the batch), with V-trace "
                   "correcting mu -> pi_old.")
+flags.DEFINE_enum("vtrace_targets", "every_step", ["every_step", "batch_start"], "When V-trace's value "
+                  "targets and advantages are computed: every_step: in each gradient step from the values "
+                  "as they are then (IMPALA); batch_start: once per batch from the values and policy as it "
+                  "arrived, fixed for its --num_sgd_iter passes (PPO's returns and advantages), so that "
+                  "with reuse the value head fits targets that do not move with it (docs/training.md).")
 flags.DEFINE_float("vtrace_lambda", 1.0, "lambda of the V-trace traces c_s = lambda min(1, pi/mu) "
                    "(the paper's Retrace-like remark); 1 is IMPALA's; lower trades variance for "
                    "bias, like GAE's lambda.")
@@ -193,7 +198,7 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
-             "vtrace_lambda", "normalize_advantages", "weight_init", "compute_dtype", "normalize_observations",
+             "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init", "compute_dtype", "normalize_observations",
              "normalize_returns", "preserve_value_outputs"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")

@@ -15,6 +15,8 @@ from impala import transport
 
 # The fields a gradient step reads, per step ([T(+1), B, ...] once time-major).
 STEP_FIELDS = ("observation", "first", "action", "reward", "done", "timeout_value", "behaviour_logits")
+# [T, B] fields the learner adds once per batch (--vtrace_targets=batch_start: V-trace's targets).
+BATCH_START_PREFIX = "batch_start/"
 # Fields with one value per unroll, never made time-major.
 _BATCH_MAJOR = {"actor_id", "policy_version", "actor_timing", "env_crashes", "actor_host", "actor_cpu",
                 "actor_rss_mb"}
@@ -36,7 +38,8 @@ def to_time_major(batch, names):
 
 def minibatch(batch, index):
     """The unrolls `index` (along B) of a time-major batch: the fields a gradient step reads."""
-    mb = {k: tf.gather(batch[k], index, axis=1) for k in STEP_FIELDS + ("old_logits",) if k in batch}
+    mb = {k: tf.gather(v, index, axis=1) for k, v in batch.items()
+          if k in STEP_FIELDS or k == "old_logits" or k.startswith(BATCH_START_PREFIX)}
     mb.update({k: tf.gather(v, index, axis=0) for k, v in batch.items() if k.startswith("core_state")})
     return mb
 

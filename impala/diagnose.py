@@ -40,48 +40,64 @@ def describe(name, value):
 
 
 def load(path):
-    """(the update's index, the weights it met, the batch) of a file the learner kept."""
+    """(the update's index, the weights it met, the batch, each normaliser's sample count
+    after the update by name) of a file the learner kept."""
     data = np.load(path)
     batch = {k[len("batch/"):]: data[k] for k in data.files if k.startswith("batch/")}
-    return int(data["version"]), data["weights_before"], batch
+    counts = {k[len("count/"):]: float(data[k]) for k in data.files if k.startswith("count/")}
+    return int(data["version"]), data["weights_before"], batch, counts
 
 
-def statistics_stage(learner, tensors, flags):
-    """The batch-start half of the update (Learner._batch_start, stage by stage); returns
-    (all finite, the batch with "old_logits" where the run anchors its ratio, value scale)."""
+def restore_counts(agent, counts, batch):
+    """Sets each normaliser's sample count to what it was before the update (its count after
+    it less the batch's fresh samples), so that the replay weighs the batch as the run did.
+    Files from before the counts were kept replay as a first batch, which replaces the prior."""
+    steps, unrolls = batch["action"].shape[:2]
+    fresh = float(np.sum(batch["fresh"])) if "fresh" in batch else unrolls
+    for norm in nets.normalisers(agent):
+        if norm.name in counts:
+            norm.count.assign(max(counts[norm.name] - steps * fresh, 1.0))
+            print("  %-34s %d samples seen before the update" % (norm.name, int(norm.count.numpy())))
+        else:
+            print("  (no sample count of %s kept: its statistics replay as from a first batch)" % norm.name)
+
+
+def statistics_stage(learner, tensors):
+    """The batch-start half of the update (Learner._batch_start's stages, described one by
+    one); returns (all finite, the batch as its gradient steps read it, value scale)."""
     agent = learner.agent
     ok = True
+    learner.move_observation_statistics(tensors)
     if agent.obs_normaliser is not None:
-        agent.obs_normaliser.update(nets.preprocess_observation(tensors["observation"][:-1]), None,
-                                    tensors.get("fresh"))
         ok = all([describe("observation normaliser mean", agent.obs_normaliser.mean),
                   describe("observation normaliser var", agent.obs_normaliser.var)])
     out, _ = agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
     ok = all([describe("policy parameters", out.policy_logits), describe("baseline (return units)", out.baseline)]) and ok
-    if flags.clip_param > 0 and flags.clip_ratio_to == "batch_start":
-        tensors = dict(tensors, old_logits=out.policy_logits[:-1])
-    targets = loss_lib.vtrace_targets(out, tensors, flags)
+    tensors, targets = learner.fix_batch_start(tensors, out)
     ok = all([describe("v-trace " + k, getattr(targets, k)) for k in TARGET_FIELDS
               if getattr(targets, k, None) is not None]) and ok
-    if agent.return_normaliser is None:
-        return ok, tensors, 1.0
-    agent.update_return_statistics(targets.vs, None, tensors.get("fresh"), flags.preserve_value_outputs)
-    ok = all([describe("return normaliser mean", agent.return_normaliser.mean),
-              describe("return normaliser var", agent.return_normaliser.var)]) and ok
-    return ok, tensors, agent.return_normaliser.std()
+    learner.move_return_statistics(tensors, targets)
+    if agent.return_normaliser is not None:
+        ok = all([describe("return normaliser mean", agent.return_normaliser.mean),
+                  describe("return normaliser var", agent.return_normaliser.var)]) and ok
+    return ok, tensors, learner.value_scale()
 
 
 def replay_file(flags, path):
     """Replays one kept update; returns whether every stage was finite."""
-    version, weights, batch = load(path)
+    version, weights, batch, counts = load(path)
     print("%s: update %d, batch of %d unrolls" % (path, version + 1, batch["action"].shape[1]))
     print("inputs:")
     ok = all([describe(k, v) for k, v in sorted(batch.items()) if v.dtype.kind in "fiu"]
              + [describe("weights_before", weights)])
     learner = learner_lib.Learner(flags, tempfile.mkdtemp(prefix="replay_nonfinite_"))
-    agent_lib.make_weight_setter(nets.published_variables(learner.agent))(tf.constant(weights))
+    published = nets.published_variables(learner.agent)
+    agent_lib.make_weight_setter(published)(tf.constant(weights))
+    restore_counts(learner.agent, counts, batch)
+    print("the weights it met, by variable, and the normalisers' counts:")
+    ok = all([describe(v.name, v) for v in published]) and ok
     print("the update's stages, in order:")
-    finite, tensors, value_scale = statistics_stage(learner, {k: tf.constant(v) for k, v in batch.items()}, flags)
+    finite, tensors, value_scale = statistics_stage(learner, {k: tf.constant(v) for k, v in batch.items()})
     with tf.GradientTape() as tape:
         out, _ = learner.agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
         loss, stats = loss_lib.compute_losses(out, tensors, flags, value_scale)

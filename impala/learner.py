@@ -150,24 +150,47 @@ class Learner:
         """Once per batch, before any gradient step: the running statistics move
         (--normalize_observations, --normalize_returns; with several ranks by their mean
         moments), and with --clip_ratio_to=batch_start pi_old, the policy before this batch's
-        first step, is fixed. Returns the batch (with "old_logits") and the error scale of the
-        baseline (compute_losses' value_scale). Only the fresh unrolls move the statistics: a
-        replayed one was counted when it was new."""
+        first step, is fixed. Returns the batch (with "old_logits", and V-trace's targets with
+        --vtrace_targets=batch_start) and the error scale of the baseline (compute_losses'
+        value_scale). Only the fresh unrolls move the statistics: a replayed one was counted
+        when it was new. Its stages are methods so that impala/diagnose.py can replay them
+        one by one."""
         average = (lambda t: hvd.allreduce(t, op=hvd.Average)) if self.size > 1 else None
-        obs_norm, ret_norm = self.agent.obs_normaliser, self.agent.return_normaliser
-        fresh = batch.get("fresh")
-        if obs_norm is not None:
-            obs_norm.update(nets.preprocess_observation(batch["observation"][:-1]), average, fresh)
-        anchored = self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
-        if anchored or ret_norm is not None:
+        self.move_observation_statistics(batch, average)
+        if self.needs_batch_start_unroll():
             out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
-            if anchored:
-                batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
-            if ret_norm is not None:  # the value targets as the batch arrived
-                self.agent.update_return_statistics(
-                    tf.stop_gradient(loss_lib.vtrace_targets(out, batch, self.flags).vs), average, fresh,
-                    self.flags.preserve_value_outputs)
-        return batch, 1.0 if ret_norm is None else ret_norm.std()
+            batch, targets = self.fix_batch_start(batch, out)
+            self.move_return_statistics(batch, targets, average)
+        return batch, self.value_scale()
+
+    def move_observation_statistics(self, batch, average=None):
+        if self.agent.obs_normaliser is not None:
+            self.agent.obs_normaliser.update(nets.preprocess_observation(batch["observation"][:-1]), average,
+                                             batch.get("fresh"))
+
+    def needs_batch_start_unroll(self):
+        return ((self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start")
+                or self.flags.vtrace_targets == "batch_start" or self.agent.return_normaliser is not None)
+
+    def fix_batch_start(self, batch, out):
+        """(the batch with what its gradient steps keep from the unroll `out` as the batch
+        arrived, V-trace's targets then, in return units)."""
+        if self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start":
+            batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
+        targets = loss_lib.vtrace_targets(out, batch, self.flags)
+        if self.flags.vtrace_targets == "batch_start":
+            # The statistics' move that follows keeps the values in return units where they
+            # are (--preserve_value_outputs), so targets fixed now stay valid.
+            batch = dict(batch, **loss_lib.fixed_targets(targets))
+        return batch, targets
+
+    def move_return_statistics(self, batch, targets, average=None):
+        if self.agent.return_normaliser is not None:
+            self.agent.update_return_statistics(tf.stop_gradient(targets.vs), average, batch.get("fresh"),
+                                                self.flags.preserve_value_outputs)
+
+    def value_scale(self):
+        return 1.0 if self.agent.return_normaliser is None else self.agent.return_normaliser.std()
 
     def scheduled_learning_rate(self):
         """--learning_rate, falling linearly to 0 at --total_environment_frames with

@@ -2,6 +2,7 @@
 one small function per term, each summed over time and batch, on time-major [T, B] tensors."""
 import tensorflow as tf
 
+from impala.batches import BATCH_START_PREFIX
 from nets import distributions
 import vtrace
 
@@ -42,6 +43,20 @@ def vtrace_targets(agent_out, batch, flags):
     vt = vtrace.from_importance_weights(log_rhos=log_rhos, **values)
     return vtrace.VTraceFromLogitsReturns(vs=vt.vs, pg_advantages=vt.pg_advantages, log_rhos=log_rhos,
                                           behaviour_action_log_probs=behaviour_lp, target_action_log_probs=target_lp)
+
+
+def fixed_targets(vt):
+    """V-trace's outputs as batch fields (--vtrace_targets=batch_start): computed once from the
+    batch as it arrived, they stay the same in all its gradient steps and minibatches."""
+    return {BATCH_START_PREFIX + k: tf.stop_gradient(v) for k, v in vt._asdict().items()}
+
+
+def step_targets(agent_out, batch, flags):
+    """(V-trace's outputs for one gradient step, whether they were fixed at the batch's start)."""
+    if BATCH_START_PREFIX + "vs" not in batch:
+        return vtrace_targets(agent_out, batch, flags), False
+    return vtrace.VTraceFromLogitsReturns(**{k: batch[BATCH_START_PREFIX + k]
+                                             for k in vtrace.VTraceFromLogitsReturns._fields}), True
 
 
 def policy_of(batch):
@@ -93,14 +108,16 @@ def bounded_ratio(log_ratio):
     return tf.exp(tf.minimum(log_ratio, MAX_LOG_RATIO))
 
 
-def policy_ratio(vt, logits, batch):
+def policy_ratio(vt, logits, batch, fixed=False):
     """r_s of the clipped surrogate: pi / mu against the behaviour policy mu, or (with
     --clip_ratio_to=batch_start) pi / pi_old, exactly 1 at the batch's first step however far
-    the actors' policy lags behind."""
-    if batch.get("old_logits") is None:
+    the actors' policy lags behind. `fixed`: vt was computed at the batch's start, so its
+    log_rhos are not the current policy's."""
+    if batch.get("old_logits") is None and not fixed:
         return bounded_ratio(vt.log_rhos)
     log_pi = policy_of(batch).log_prob(logits, batch["action"])
-    return bounded_ratio(log_pi - vt.target_action_log_probs)
+    reference = vt.behaviour_action_log_probs if batch.get("old_logits") is None else vt.target_action_log_probs
+    return bounded_ratio(log_pi - reference)
 
 
 def compute_losses(agent_out, batch, flags, value_scale=1.0):
@@ -108,12 +125,13 @@ def compute_losses(agent_out, batch, flags, value_scale=1.0):
     APPO's clipped surrogate with --clip_param > 0), the baseline and entropy terms weighted by
     --baseline_cost and --entropy_cost. `value_scale`: compute_baseline_loss's."""
     logits = agent_out.policy_logits[:-1]       # [T, B, A]
-    vt = vtrace_targets(agent_out, batch, flags)
+    vt, fixed = step_targets(agent_out, batch, flags)
     advantages = standardise(vt.pg_advantages) if flags.normalize_advantages else vt.pg_advantages
     if flags.clip_param > 0:
-        pg_loss = compute_clipped_surrogate_loss(policy_ratio(vt, logits, batch), advantages, flags.clip_param)
+        pg_loss = compute_clipped_surrogate_loss(policy_ratio(vt, logits, batch, fixed), advantages, flags.clip_param)
     else:
-        pg_loss = compute_policy_gradient_loss(vt.target_action_log_probs, advantages)
+        log_pi = policy_of(batch).log_prob(logits, batch["action"]) if fixed else vt.target_action_log_probs
+        pg_loss = compute_policy_gradient_loss(log_pi, advantages)
     baseline_loss = flags.baseline_cost * compute_baseline_loss(vt.vs, agent_out.baseline[:-1], value_scale)
     step_entropy = policy_of(batch).entropy(logits)
     entropy_loss = flags.entropy_cost * compute_entropy_loss(step_entropy)

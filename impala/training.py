@@ -10,6 +10,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+import nets
 from impala import batches
 from impala import learner as learner_lib
 from impala import transport
@@ -143,6 +144,9 @@ class Trainer:
         returns the file's path."""
         path = os.path.join(self.learner.logdir, "nonfinite_batch_rank%d.npz" % self.rank)
         arrays = {"batch/" + k: np.asarray(v) for k, v in self.last_batch.items()}
+        # Samples each normaliser had seen, after this update: the replay takes the batch's
+        # off to weigh the batch as the run did (the counts are not among the weights).
+        arrays.update({"count/" + n.name: n.count.numpy() for n in nets.normalisers(self.learner.agent)})
         np.savez_compressed(path, version=self.version, weights_before=weights_before, **arrays)
         return path
 

@@ -239,6 +239,61 @@ def test_value_scale_trains_the_head_on_standardised_returns():
                                0.25 * np.sum(((vs - (raw.numpy()[:T] * std + mean)) / std) ** 2), rtol=1e-4)
 
 
+def _one_update(tmp_path, level, weights=None, **kw):
+    """One learner update (RMSProp: its first step is linear in the gradient) on a fixed batch
+    of random states, acted with the learner's own policy; returns the weights before and
+    after it (and starts from `weights` when given)."""
+    flags = _experiment_defaults(level_name=level, agent_name="MLPAgent", batch_size=4, unroll_length=5,
+                                 optimizer="rmsprop", learning_rate=1e-2, total_environment_frames=10 ** 6, **kw)
+    lrn = learner.Learner(flags, str(tmp_path / ("run%d" % len(os.listdir(tmp_path)))))
+    if weights is not None:
+        agent_lib.make_weight_setter(nets.published_variables(lrn.agent))(tf.constant(weights))
+    if lrn.agent.return_normaliser is not None:  # past the first batch, which replaces the prior
+        lrn.agent.return_normaliser.count.assign(1000.0)
+    rng = np.random.default_rng(0)
+    T, B = 5, 4
+    obs = rng.normal(size=(T + 1, B, {"Pendulum-v1": 3, "CartPole-v1": 4}[level])).astype(np.float32)
+    out, _ = lrn.agent.unroll(tf.constant(obs), tf.zeros([T + 1, B], bool), ())
+    sampled = out.action.numpy()[:-1]
+    batch = {"observation": obs, "first": np.zeros((T + 1, B), bool), "action": sampled,
+             "reward": rng.normal(size=(T, B)).astype(np.float32), "done": np.zeros((T, B), bool),
+             "behaviour_logits": out.policy_logits.numpy()[:-1]}
+    before = lrn.flat_weights()
+    lrn._train_step({k: tf.constant(v) for k, v in batch.items()}, tf.constant(20, tf.int64))
+    return before, lrn.flat_weights()
+
+
+@pytest.mark.parametrize("level, kw", [
+    ("Pendulum-v1", dict(clip_param=0.1, clip_ratio_to="batch_start", normalize_returns=True,
+                         normalize_advantages=True)),
+    ("Pendulum-v1", dict(clip_param=0.1, clip_ratio_to="behaviour")),
+    ("CartPole-v1", dict())])
+def test_targets_fixed_at_the_batch_start_equal_every_step_targets_in_a_single_step(tmp_path, level, kw):
+    """--vtrace_targets=batch_start computes V-trace once per batch; with one gradient step per
+    batch that step sees the same values as every_step's, so the updates agree (Gaussian and
+    discrete heads, the clipped surrogate against pi_old or mu, and IMPALA's policy gradient)."""
+    start, every = _one_update(tmp_path, level, vtrace_targets="every_step", **kw)
+    _, fixed = _one_update(tmp_path, level, weights=start, vtrace_targets="batch_start", **kw)
+    assert not np.allclose(start, every)
+    np.testing.assert_allclose(fixed, every, rtol=1e-4, atol=1e-6)
+
+
+def test_targets_fixed_at_the_batch_start_do_not_follow_the_values():
+    """With the targets in the batch, a step's baseline loss is measured against them, not
+    against targets bootstrapped from the values the step sees."""
+    batch = _batch()
+    T, B = batch["action"].shape
+    fixed_vs = np.full((T, B), 3.0, np.float32)
+    flags = _flags(vtrace_lambda=0.9)
+    logits = tf.concat([batch["behaviour_logits"], batch["behaviour_logits"][:1]], axis=0)
+    out = _out(logits, tf.ones([T + 1, B]))
+    vt = loss_lib.vtrace_targets(out, batch, flags)._replace(vs=tf.constant(fixed_vs))
+    _, stats = loss_lib.compute_losses(out, dict(batch, **loss_lib.fixed_targets(vt)), flags)
+    np.testing.assert_allclose(stats["baseline_loss"], flags.baseline_cost * 0.5 * T * B * (3.0 - 1.0) ** 2, rtol=1e-5)
+    _, moving = loss_lib.compute_losses(out, batch, flags)
+    assert not np.isclose(moving["baseline_loss"], stats["baseline_loss"])
+
+
 def _values_after_updates(preserve, updates=40):
     """A CartPole MLP agent whose value head starts with a wide spread (x 20), trained on
     nothing: each update's targets are 0.98 x its own values of a fixed batch of states

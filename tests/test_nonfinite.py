@@ -4,6 +4,7 @@ learner with exit code 7, actors refuse non-finite weights, and an invalid actio
 instead of a hang inside ale-py's vector env."""
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -132,12 +133,15 @@ def test_the_batch_that_made_the_weights_nan_is_kept_and_the_replay_names_the_st
     kept = np.load(run / "nonfinite_batch_rank0.npz")
     np.testing.assert_array_equal(kept["weights_before"], good)
     np.testing.assert_array_equal(kept["batch/observation"], obs)
+    samples = obs.shape[1] * (obs.shape[0] - 1)  # the prior counts one
+    assert kept["count/obs_normaliser"] == kept["count/return_normaliser"] == 1 + samples
     r = subprocess.run([sys.executable, "experiment.py", "--mode=replay_nonfinite", "--load_model_url=%s" % run],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     lines = [line for line in r.stdout.splitlines() if "NOT FINITE" in line]
     assert lines[0].split()[0] == "observation" and "first at [2, 1, 3]" in lines[0], r.stdout
     assert "observation normaliser mean" in lines[1], r.stdout
+    assert re.search(r"obs_normaliser +1 samples seen before the update", r.stdout), r.stdout
 
 
 def test_an_actor_keeps_its_weights_when_the_published_ones_are_not_finite():

@@ -1,23 +1,25 @@
-"""The MuJoCo suite (`bench/run.py mujoco`): HalfCheetah-v5 through our IMPALA actors
-(configs/mujoco.flags) beside WALL-E's PPO and Stable-Baselines3's PPO, both with
-rl-baselines3-zoo's tuned HalfCheetah recipe, on the same cores.
+"""The MuJoCo suite (`bench/run.py mujoco`): HalfCheetah-v5 (and Hopper-v5 with --levels) through
+our IMPALA actors (configs/mujoco.flags, the same file for every task) beside WALL-E's PPO and
+Stable-Baselines3's PPO, both with rl-baselines3-zoo's recipe tuned for the task, on the same cores.
 
     .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --frames 3000000 --peer_steps 1000000
     .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --contenders walle sb3   # the others' runs are read
-    .venv/bin/python bench/run.py mujoco --seeds                                # only rebuild the table
+    .venv/bin/python bench/run.py mujoco --levels Hopper-v5 --seeds 1 2 3
+    .venv/bin/python bench/run.py mujoco --levels HalfCheetah-v5 Hopper-v5 --seeds   # only rebuild the table
 
-The runs interleave: seed 1 of every contender, then seed 2's, and so on. Each lives in
-<out>/mujoco_runs/<contender>_s<seed>/; a finished one is read, not run again, so an invocation cut
-off part way goes on where it stopped (an unfinished run starts afresh: its clock would not be one
-run's; one that failed is kept with its exit code: move its folder aside to run it again). IMPALA
-runs to --frames env steps; the PPOs to --peer_steps or --peer_budget_s.
+The runs interleave: seed 1 of every contender, then seed 2's, and so on, one task after the other.
+Each lives in <out>/mujoco_runs/<level>/<contender>_s<seed>/; a finished one is read, not run again,
+so an invocation cut off part way goes on where it stopped (an unfinished run starts afresh: its
+clock would not be one run's; one that failed is kept with its exit code: move its folder aside to
+run it again). IMPALA runs to --frames env steps; the PPOs to --peer_steps or --peer_budget_s.
 
 Score: the mean training return (exploration noise on) over a window of the newest finished
 episodes: 20 for IMPALA, whose 16 envs end their 1,000-step episodes together, and 10 for the PPOs
-(1-2 envs; WALL-E's return_last10); IMPALA's mean of 100 is shown as well. Time to the target:
-seconds of training until the score first reaches --target (each system's own clock from its training
-loop's start; the wall column includes start-up). Writes <out>/mujoco.md, mujoco.csv and
-mujoco_curves.csv (every run's curve) and mujoco_HalfCheetah.png.
+(1-2 envs; WALL-E's return_last10); IMPALA's mean of 100 is shown as well. Time to the target
+(--target, or the task's own: TASKS): seconds of training until the score first reaches it (each
+system's own clock from its training loop's start; the wall column includes start-up). Writes one
+section per task to <out>/mujoco.md, every run to mujoco.csv and every curve to mujoco_curves.csv
+(with a level column), and one figure per task, mujoco_<task>.png.
 """
 import csv
 import json
@@ -35,41 +37,55 @@ from local_cluster import LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "configs/mujoco.flags"
-LEVEL = "HalfCheetah-v5"
 CONTENDERS = ("impala", "walle", "sb3")
 LABELS = {"impala": "IMPALA (ours, configs/mujoco.flags, 2 actors x 8 envs)",
           "walle": "WALL-E PPO (ours, rl-zoo recipe, 2 samplers)",
           "sb3": "SB3 PPO (rl-zoo recipe, 1 env)"}
 WINDOW = {"impala": 20, "walle": 10, "sb3": 10}
-CSV_FIELDS = ["contender", "seed", "steps", "score", "score_window", "mean_return_100", "best", "steps_to_target",
+# rl-baselines3-zoo's tuned PPO for Hopper-v3 (hyperparams/ppo.yml) in WALL-E's flags.
+WALLE_HOPPER = ["--loss", "clip", "--value_fit", "joint", "-b", "512", "--clip_minibatch", "32", "--clip_epochs", "5",
+                "-g", "0.999", "-l", "0.99", "--policy_lr", "9.80828e-05", "--ent_coef", "0.00229519", "--clip", "0.2",
+                "--max_grad_norm", "0.7", "--vf_coef", "0.835671", "--adam_eps", "1e-5", "--norm_reward",
+                "--obs_clip", "10", "--hidden", "256,256", "--activation", "relu", "--log_std_init", "-2"]
+# Per task: its short name (folders, figure), the default target (a training return, exploration
+# noise on; rl-zoo's PPO evaluates deterministically to 5,819 on HalfCheetah-v3 and 2,410 on
+# Hopper-v3 at 1M steps, its benchmark.md), WALL-E's flags and bench/peers/sb3_ppo.py's suite.
+TASKS = {"HalfCheetah-v5": ("HalfCheetah", 5000.0, ppo_halfcheetah.VARIANTS["zoo"], "halfcheetah"),
+         "Hopper-v5": ("Hopper", 2000.0, WALLE_HOPPER, "hopper")}
+CSV_FIELDS = ["level", "contender", "seed", "steps", "score", "score_window", "mean_return_100", "best", "steps_to_target",
               "time_to_target_s", "steps_per_s", "train_s", "wall_s", "exit"]
 
 
-def run_dir(out, contender, seed):
-    return os.path.join(out, "mujoco_runs", "%s_s%d" % (contender, seed))
+def runs_dir(out, level):
+    return os.path.join(out, "mujoco_runs", level)
 
 
-def run_one(a, contender, seed, logdir, sb3_py):
-    """Runs one contender for one seed in a fresh `logdir` and records how it ended in
+def run_dir(out, level, contender, seed):
+    return os.path.join(runs_dir(out, level), "%s_s%d" % (contender, seed))
+
+
+def run_one(a, level, contender, seed, logdir, sb3_py):
+    """Runs one contender for one seed of a task in a fresh `logdir` and records how it ended in
     logdir/done.json (what makes the run finished); Ctrl-C stops it and propagates."""
     shutil.rmtree(logdir, ignore_errors=True)
     os.makedirs(logdir)
-    print("[mujoco] %s seed %d: starting" % (contender, seed), flush=True)
+    print("[mujoco] %s %s seed %d: starting" % (level, contender, seed), flush=True)
     t0 = time.time()
+    _, _, walle_recipe, sb3_suite = TASKS[level]
     if contender == "impala":
-        flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--seed=%d" % seed,
+        flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--level_name=" + level, "--seed=%d" % seed,
                  "--total_environment_frames=%d" % a.frames]
         with LocalCluster(2, a.base_port, flags, logdir) as cluster:
             code = cluster.wait()
         command = "local_cluster.py --num_actors=2 -- " + " ".join(flags).replace(ROOT + os.sep, "")
     elif contender == "walle":
-        cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), LEVEL, "-it", "1000000", "--max_steps",
+        cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), level, "-it", "1000000", "--max_steps",
                str(a.peer_steps), "-n", "2", "--seed", str(seed), "--logdir", logdir, "--quiet",
-               "--eval_episodes", "0"] + ppo_halfcheetah.VARIANTS["zoo"]
+               "--eval_episodes", "0"] + walle_recipe
         code = subprocess.call(cmd, cwd=ROOT)
         command = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:])
     else:
-        args = ["halfcheetah", "--seed=%d" % seed, "--total_steps=%d" % a.peer_steps,
+        args = [sb3_suite, "--seed=%d" % seed, "--total_steps=%d" % a.peer_steps,
                 "--budget_s=%g" % a.peer_budget_s, "--curve=" + os.path.join(logdir, "episodes.csv")]
         code = subprocess.call([sb3_py, os.path.join(ROOT, "bench", "peers", "sb3_ppo.py")] + args, cwd=ROOT)
         command = ".peer-venv-sb3/bin/python bench/peers/sb3_ppo.py " + " ".join(args)
@@ -94,16 +110,16 @@ def curve(contender, logdir):
             mean_of(WINDOW["sb3"]), mean_of(100))
 
 
-def summarise(contender, seed, logdir, target):
+def summarise(level, contender, seed, logdir, target):
     done = common.read_json(os.path.join(logdir, "done.json"))
     if done is None:
         return None
     steps, secs, score, last100 = curve(contender, logdir)
     if not len(steps):
-        return dict(contender=contender, seed=seed, steps=0, exit=done["exit"], wall_s=done["wall_s"],
+        return dict(level=level, contender=contender, seed=seed, steps=0, exit=done["exit"], wall_s=done["wall_s"],
                     command=done["command"], curve=None)
     hit = np.flatnonzero(score >= target)
-    return {"contender": contender, "seed": seed, "steps": int(steps[-1]), "score": float(score[-1]),
+    return {"level": level, "contender": contender, "seed": seed, "steps": int(steps[-1]), "score": float(score[-1]),
             "score_window": WINDOW[contender], "mean_return_100": float(last100[-1]) if last100 is not None else "",
             "best": float(score.max()), "steps_to_target": int(steps[hit[0]]) if len(hit) else "",
             "time_to_target_s": float(secs[hit[0]]) if len(hit) else "",
@@ -111,13 +127,18 @@ def summarise(contender, seed, logdir, target):
             "wall_s": done["wall_s"], "exit": done["exit"], "command": done["command"], "curve": (steps, secs, score)}
 
 
-def table(runs, a):
-    lines = ["# HalfCheetah-v5: IMPALA beside WALL-E PPO and SB3 PPO, %d seed(s), same cores (%s)" % (
-        len({r["seed"] for r in runs}), time.strftime("%Y-%m-%d", time.gmtime())), "",
+def target_of(a, level):
+    return TASKS[level][1] if a.target is None else a.target
+
+
+def table(runs, a, level):
+    target = target_of(a, level)
+    lines = ["# %s: IMPALA beside WALL-E PPO and SB3 PPO, %d seed(s), same cores (%s)" % (
+        level, len({r["seed"] for r in runs}), time.strftime("%Y-%m-%d", time.gmtime())), "",
         "Score: mean training return of the newest 20 (IMPALA) or 10 (PPOs) episodes; mean-100: of the "
-        "newest 100. Time to %s: training seconds until the score first reached it." % f"{a.target:,.0f}", "",
+        "newest 100. Time to %s: training seconds until the score first reached it." % f"{target:,.0f}", "",
         "| contender | seed | env steps | score | mean-100 | best | steps to %s | time to %s (s) | env steps/s | "
-        "wall (s) | exit |" % (f"{a.target:,.0f}", f"{a.target:,.0f}"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "wall (s) | exit |" % (f"{target:,.0f}", f"{target:,.0f}"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, f="%.0f": f % x if x != "" else "-"
     for r in runs:
         if r.get("curve") is None:
@@ -128,7 +149,7 @@ def table(runs, a):
             r["contender"], r["seed"], f"{r['steps']:,}", r["score"], fmt(r["mean_return_100"]), r["best"],
             fmt(r["steps_to_target"], "%d"), fmt(r["time_to_target_s"]), fmt(r["steps_per_s"]), r["wall_s"], r["exit"]))
     lines += ["", "| contender | seeds at %s | time to %s: median (min-max) s | steps to it: median |" % (
-        f"{a.target:,.0f}", f"{a.target:,.0f}"), "|---|---|---|---|"]
+        f"{target:,.0f}", f"{target:,.0f}"), "|---|---|---|---|"]
     for c in CONTENDERS:
         mine = [r for r in runs if r["contender"] == c and r.get("curve") is not None]
         if not mine:
@@ -144,7 +165,7 @@ def table(runs, a):
     return lines
 
 
-def plot(runs, out, target):
+def plot(runs, out, level, target):
     fig, axes = common.subplots(1, 2, figsize=(12, 4.5))
     for i, c in enumerate(CONTENDERS):
         for j, r in enumerate(r for r in runs if r["contender"] == c and r.get("curve") is not None):
@@ -157,8 +178,8 @@ def plot(runs, out, target):
         ax.set_ylabel("training return (mean of newest 20 / 10 episodes)")
         ax.grid(alpha=0.3)
     axes[1].legend(loc="lower right", fontsize=8)
-    fig.suptitle("HalfCheetah-v5, one line per seed")
-    common.save_figure(fig, os.path.join(out, "mujoco_HalfCheetah.png"))
+    fig.suptitle("%s, one line per seed" % level)
+    common.save_figure(fig, os.path.join(out, "mujoco_%s.png" % TASKS[level][0]))
 
 
 def suite(a, out):
@@ -170,34 +191,43 @@ def suite(a, out):
         if error:
             raise SystemExit("mujoco: the SB3 peer could not be installed (%s); leave it out with "
                              "--contenders impala walle" % error)
-    for seed in a.seeds:
-        for c in contenders:
-            logdir = run_dir(out, c, seed)
-            if common.read_json(os.path.join(logdir, "done.json")) is None:
-                run_one(a, c, seed, logdir, sb3_py)
-    runs = []
-    for seed in sorted({int(n.rsplit("_s", 1)[1]) for n in os.listdir(os.path.join(out, "mujoco_runs"))}
-                       if os.path.isdir(os.path.join(out, "mujoco_runs")) else []):
-        for c in CONTENDERS:
-            r = summarise(c, seed, run_dir(out, c, seed), a.target)
-            if r is not None:
-                runs.append(r)
-    if not runs:
+    for level in a.levels:
+        for seed in a.seeds:
+            for c in contenders:
+                logdir = run_dir(out, level, c, seed)
+                if common.read_json(os.path.join(logdir, "done.json")) is None:
+                    run_one(a, level, c, seed, logdir, sb3_py)
+    lines, every = [], []
+    for level in TASKS:  # every task with finished runs, so that one table holds them all
+        runs = finished_runs(a, out, level)
+        if runs:
+            plot(runs, out, level, target_of(a, level))
+            lines += ([""] if lines else []) + table(runs, a, level)
+            every += runs
+    if not every:
         raise SystemExit("mujoco: no finished runs under %s (give --seeds)" % os.path.join(out, "mujoco_runs"))
-    write_csv(os.path.join(out, "mujoco.csv"), runs)
-    write_curves(os.path.join(out, "mujoco_curves.csv"), runs)
-    plot(runs, out, a.target)
-    return table(runs, a)
+    write_csv(os.path.join(out, "mujoco.csv"), every)
+    write_curves(os.path.join(out, "mujoco_curves.csv"), every)
+    return lines
+
+
+def finished_runs(a, out, level):
+    folder = runs_dir(out, level)
+    seeds = sorted({int(n.rsplit("_s", 1)[1]) for n in os.listdir(folder)}) if os.path.isdir(folder) else []
+    runs = [summarise(level, c, seed, run_dir(out, level, c, seed), target_of(a, level))
+            for seed in seeds for c in CONTENDERS]
+    return [r for r in runs if r is not None]
 
 
 def write_curves(path, runs):
     """Every run's curve, since the run folders stay out of git."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["contender", "seed", "steps", "train_s", "score"])
+        w.writerow(["level", "contender", "seed", "steps", "train_s", "score"])
         for r in runs:
             if r.get("curve") is not None:
-                w.writerows([r["contender"], r["seed"], int(x), "%.1f" % t, "%.1f" % y] for x, t, y in zip(*r["curve"]))
+                w.writerows([r["level"], r["contender"], r["seed"], int(x), "%.1f" % t, "%.1f" % y]
+                            for x, t, y in zip(*r["curve"]))
 
 
 def write_csv(path, runs):

@@ -585,7 +585,10 @@ def main():
     p.add_argument("--contenders", nargs="+", default=None, choices=mujoco.CONTENDERS,
                    help="mujoco: which systems to run (default all; the others' finished runs are still read)")
     p.add_argument("--peer_steps", type=int, default=1_000_000, help="mujoco: env steps of each PPO run")
-    p.add_argument("--target", type=float, default=5000.0, help="mujoco: the return whose time to reach is timed")
+    p.add_argument("--target", type=float, default=None, help="mujoco: the return whose time to reach is timed "
+                   "(default: the task's own, bench/mujoco.py TASKS)")
+    p.add_argument("--levels", nargs="+", default=["HalfCheetah-v5"], choices=sorted(mujoco.TASKS),
+                   help="mujoco: the tasks to run (the table shows every task with finished runs)")
     p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
     p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")
     p.add_argument("--peers", nargs="*", default=[], choices=sorted(PEER_PONG),

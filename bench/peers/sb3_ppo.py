@@ -11,12 +11,12 @@ observations, frame skip and episode statistics are exactly those our IMPALA see
               gae 0.8, gamma 0.98, 20 epochs, lr 1e-3 linear, clip 0.2 linear,
               ent 0.0); wall-clock seconds until the mean return of the last 20
               episodes >= --threshold, or --budget_s.
-  halfcheetah: HalfCheetah-v5 with rl-baselines3-zoo's tuned PPO (hyperparams/ppo.yml,
-              HalfCheetah-v3/v4: 1 env, n_steps 512, batch 64, 20 epochs, gamma 0.98,
-              gae 0.92, lr 2.0633e-5, ent 0.000401762, clip 0.1, max_grad_norm 0.8,
-              vf 0.58096, log_std_init -2, no ortho init, pi/vf [256, 256] ReLU, VecNormalize
-              of observations and rewards); trains for --total_steps or --budget_s and writes
-              every finished training episode (steps, seconds, raw return) to --curve.
+  halfcheetah, hopper: HalfCheetah-v5 or Hopper-v5 with rl-baselines3-zoo's tuned PPO for
+              its -v3 (hyperparams/ppo.yml; ZOO below: 1 env, n_steps 512, VecNormalize of
+              observations and rewards, log_std_init -2, no ortho init, pi/vf [256, 256] ReLU,
+              and each task's own batch, epochs, gamma, lambda, rates and clips); trains for
+              --total_steps or --budget_s and writes every finished training episode (steps,
+              seconds, raw return) to --curve.
 
 Prints one JSON line with the result.
 """
@@ -145,13 +145,23 @@ class EpisodeCurve(BaseCallback):
         return time.time() < self.deadline
 
 
-def halfcheetah(a):
-    vec = VecNormalize(DummyVecEnv([make("HalfCheetah-v5", a.seed)]), gamma=0.98)
-    model = PPO("MlpPolicy", vec, n_steps=512, batch_size=64, n_epochs=20, gamma=0.98, gae_lambda=0.92,
-                learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1, max_grad_norm=0.8,
-                vf_coef=0.58096, seed=a.seed, device="cpu", verbose=0,
+# rl-baselines3-zoo's hyperparams/ppo.yml, HalfCheetah-v3 and Hopper-v3 (its tuned entries).
+ZOO = {
+    "halfcheetah": ("HalfCheetah-v5", dict(batch_size=64, n_epochs=20, gamma=0.98, gae_lambda=0.92,
+                                           learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1,
+                                           max_grad_norm=0.8, vf_coef=0.58096)),
+    "hopper": ("Hopper-v5", dict(batch_size=32, n_epochs=5, gamma=0.999, gae_lambda=0.99,
+                                 learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2,
+                                 max_grad_norm=0.7, vf_coef=0.835671)),
+}
+
+
+def zoo(a):
+    level, recipe = ZOO[a.suite]
+    vec = VecNormalize(DummyVecEnv([make(level, a.seed)]), gamma=recipe["gamma"])
+    model = PPO("MlpPolicy", vec, n_steps=512, seed=a.seed, device="cpu", verbose=0,
                 policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
-                                   net_arch=dict(pi=[256, 256], vf=[256, 256])))
+                                   net_arch=dict(pi=[256, 256], vf=[256, 256])), **recipe)
     model.set_logger(Logger(folder=None, output_formats=[]))
     t0 = time.time()
     cb = EpisodeCurve(deadline=t0 + a.budget_s)
@@ -162,13 +172,13 @@ def halfcheetah(a):
         f.write("episode,steps,time_s,return\n")
         for i, (steps, t, r) in enumerate(cb.rows):
             f.write("%d,%d,%.3f,%.3f\n" % (i + 1, steps, t, r))
-    return {"peer": "sb3_ppo", "suite": "halfcheetah", "seed": a.seed, "steps": int(model.num_timesteps),
+    return {"peer": "sb3_ppo", "suite": a.suite, "level": level, "seed": a.seed, "steps": int(model.num_timesteps),
             "seconds": seconds, "episodes": len(cb.rows), "curve": a.curve}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("suite", choices=["throughput", "cartpole", "halfcheetah"])
+    p.add_argument("suite", choices=["throughput", "cartpole"] + sorted(ZOO))
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--n_envs", type=int, default=16)
     p.add_argument("--seconds", type=float, default=90)
@@ -176,12 +186,12 @@ def main():
     p.add_argument("--threshold", type=float, default=475)
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--total_steps", type=int, default=2_000_000)
-    p.add_argument("--curve", default="sb3_halfcheetah_curve.csv", help="halfcheetah: where the episodes go")
+    p.add_argument("--curve", default="sb3_mujoco_curve.csv", help="halfcheetah, hopper: where the episodes go")
     p.add_argument("--torch_threads", type=int, default=0, help="0: torch's default (all cores)")
     a = p.parse_args()
     if a.torch_threads:
         torch.set_num_threads(a.torch_threads)
-    out = {"throughput": throughput, "cartpole": cartpole, "halfcheetah": halfcheetah}[a.suite](a)
+    out = {"throughput": throughput, "cartpole": cartpole}.get(a.suite, zoo)(a)
     out.update(torch=torch.__version__, sb3=__import__("stable_baselines3").__version__)
     print(json.dumps(out), flush=True)
 

@@ -21,6 +21,7 @@ system's own clock from its training loop's start; the wall column includes star
 section per task to <out>/mujoco.md, every run to mujoco.csv and every curve to mujoco_curves.csv
 (with a level column), and one figure per task, mujoco_<task>.png.
 """
+import collections
 import csv
 import json
 import os
@@ -47,11 +48,12 @@ WALLE_HOPPER = ["--loss", "clip", "--value_fit", "joint", "-b", "512", "--clip_m
                 "-g", "0.999", "-l", "0.99", "--policy_lr", "9.80828e-05", "--ent_coef", "0.00229519", "--clip", "0.2",
                 "--max_grad_norm", "0.7", "--vf_coef", "0.835671", "--adam_eps", "1e-5", "--norm_reward",
                 "--obs_clip", "10", "--hidden", "256,256", "--activation", "relu", "--log_std_init", "-2"]
-# Per task: its short name (folders, figure), the default target (a training return, exploration
+# Per task: its short name (for the figure), the default target (a training return, exploration
 # noise on; rl-zoo's PPO evaluates deterministically to 5,819 on HalfCheetah-v3 and 2,410 on
 # Hopper-v3 at 1M steps, its benchmark.md), WALL-E's flags and bench/peers/sb3_ppo.py's suite.
-TASKS = {"HalfCheetah-v5": ("HalfCheetah", 5000.0, ppo_halfcheetah.VARIANTS["zoo"], "halfcheetah"),
-         "Hopper-v5": ("Hopper", 2000.0, WALLE_HOPPER, "hopper")}
+Task = collections.namedtuple("Task", ["short", "target", "walle_flags", "sb3_suite"])
+TASKS = {"HalfCheetah-v5": Task("HalfCheetah", 5000.0, ppo_halfcheetah.VARIANTS["zoo"], "halfcheetah"),
+         "Hopper-v5": Task("Hopper", 2000.0, WALLE_HOPPER, "hopper")}
 CSV_FIELDS = ["level", "contender", "seed", "steps", "score", "score_window", "mean_return_100", "best", "steps_to_target",
               "time_to_target_s", "steps_per_s", "train_s", "wall_s", "exit"]
 
@@ -71,7 +73,7 @@ def run_one(a, level, contender, seed, logdir, sb3_py):
     os.makedirs(logdir)
     print("[mujoco] %s %s seed %d: starting" % (level, contender, seed), flush=True)
     t0 = time.time()
-    _, _, walle_recipe, sb3_suite = TASKS[level]
+    task = TASKS[level]
     if contender == "impala":
         flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--level_name=" + level, "--seed=%d" % seed,
                  "--total_environment_frames=%d" % a.frames]
@@ -81,11 +83,11 @@ def run_one(a, level, contender, seed, logdir, sb3_py):
     elif contender == "walle":
         cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), level, "-it", "1000000", "--max_steps",
                str(a.peer_steps), "-n", "2", "--seed", str(seed), "--logdir", logdir, "--quiet",
-               "--eval_episodes", "0"] + walle_recipe
+               "--eval_episodes", "0"] + task.walle_flags
         code = subprocess.call(cmd, cwd=ROOT)
         command = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:])
     else:
-        args = [sb3_suite, "--seed=%d" % seed, "--total_steps=%d" % a.peer_steps,
+        args = [task.sb3_suite, "--seed=%d" % seed, "--total_steps=%d" % a.peer_steps,
                 "--budget_s=%g" % a.peer_budget_s, "--curve=" + os.path.join(logdir, "episodes.csv")]
         code = subprocess.call([sb3_py, os.path.join(ROOT, "bench", "peers", "sb3_ppo.py")] + args, cwd=ROOT)
         command = ".peer-venv-sb3/bin/python bench/peers/sb3_ppo.py " + " ".join(args)
@@ -128,7 +130,7 @@ def summarise(level, contender, seed, logdir, target):
 
 
 def target_of(a, level):
-    return TASKS[level][1] if a.target is None else a.target
+    return TASKS[level].target if a.target is None else a.target
 
 
 def table(runs, a, level):
@@ -179,7 +181,7 @@ def plot(runs, out, level, target):
         ax.grid(alpha=0.3)
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("%s, one line per seed" % level)
-    common.save_figure(fig, os.path.join(out, "mujoco_%s.png" % TASKS[level][0]))
+    common.save_figure(fig, os.path.join(out, "mujoco_%s.png" % TASKS[level].short))
 
 
 def suite(a, out):

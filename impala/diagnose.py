@@ -74,6 +74,8 @@ def statistics_stage(learner, tensors):
     out, _ = agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
     ok = all([describe("policy parameters", out.policy_logits), describe("baseline (return units)", out.baseline)]) and ok
     tensors, targets = learner.fix_batch_start(tensors, out)
+    if targets is None:  # the run did not need them before its steps; shown all the same
+        targets = loss_lib.vtrace_targets(out, tensors, learner.flags)
     ok = all([describe("v-trace " + k, getattr(targets, k)) for k in TARGET_FIELDS
               if getattr(targets, k, None) is not None]) and ok
     learner.move_return_statistics(tensors, targets)

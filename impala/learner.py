@@ -168,15 +168,23 @@ class Learner:
             self.agent.obs_normaliser.update(nets.preprocess_observation(batch["observation"][:-1]), average,
                                              batch.get("fresh"))
 
+    def anchored(self):
+        """Whether the clipped surrogate's ratio is taken against pi_old (--clip_ratio_to)."""
+        return self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
+
+    def needs_batch_start_targets(self):
+        return self.flags.vtrace_targets == "batch_start" or self.agent.return_normaliser is not None
+
     def needs_batch_start_unroll(self):
-        return ((self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start")
-                or self.flags.vtrace_targets == "batch_start" or self.agent.return_normaliser is not None)
+        return self.anchored() or self.needs_batch_start_targets()
 
     def fix_batch_start(self, batch, out):
         """(the batch with what its gradient steps keep from the unroll `out` as the batch
-        arrived, V-trace's targets then, in return units)."""
-        if self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start":
+        arrived, V-trace's targets then in return units, or None where nothing reads them)."""
+        if self.anchored():
             batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
+        if not self.needs_batch_start_targets():
+            return batch, None
         targets = loss_lib.vtrace_targets(out, batch, self.flags)
         if self.flags.vtrace_targets == "batch_start":
             # The statistics' move that follows keeps the values in return units where they

@@ -141,6 +141,11 @@ flags.DEFINE_integer("num_sgd_iter", 1, "Gradient steps on each batch: 1 is IMPA
                      "the batch (APPO); use with --clip_param.")
 flags.DEFINE_integer("num_minibatches", 1, "Gradient steps per pass of --num_sgd_iter, each on "
                      "batch_size / num_minibatches of the batch's unrolls (PPO's minibatches).")
+flags.DEFINE_enum("minibatch_over", "unrolls", ["unrolls", "steps"], "What --num_minibatches splits "
+                  "a batch into: unrolls: whole unrolls (their steps in order, as a recurrent agent "
+                  "needs); steps: single steps drawn from all the batch's unrolls, as PPO shuffles its "
+                  "rollout, so that one minibatch is not one stretch of one episode (feedforward agents "
+                  "with --vtrace_targets=batch_start only, whose steps do not read their neighbours).")
 flags.DEFINE_enum("weight_init", "default", ["default", "orthogonal"], "default: Sonnet's "
                   "(truncated normal, std 1/sqrt(fan_in)); orthogonal: CleanRL's (gain sqrt 2, "
                   "0.01 for the policy logits, 1 for the baseline), set by the learner.")
@@ -197,9 +202,9 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
-             "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "clip_param", "clip_ratio_to",
-             "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init", "compute_dtype", "normalize_observations",
-             "normalize_returns", "preserve_value_outputs"]
+             "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "minibatch_over",
+             "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init",
+             "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 
@@ -241,9 +246,20 @@ flags.register_validator("actor_hosts", _hosts_ok,
 flags.register_validator("width", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
 flags.register_validator("height", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
 flags.register_multi_flags_validator(
-    ["num_minibatches", "batch_size"],
-    lambda d: d["num_minibatches"] >= 1 and d["batch_size"] % d["num_minibatches"] == 0,
+    ["num_minibatches", "batch_size", "minibatch_over"],
+    lambda d: d["minibatch_over"] == "steps" or (
+        d["num_minibatches"] >= 1 and d["batch_size"] % d["num_minibatches"] == 0),
     message="--num_minibatches must be >= 1 and divide --batch_size (each minibatch is whole unrolls)")
+flags.register_multi_flags_validator(
+    ["num_minibatches", "batch_size", "unroll_length", "minibatch_over"],
+    lambda d: d["minibatch_over"] == "unrolls" or (
+        d["num_minibatches"] >= 1 and d["batch_size"] * d["unroll_length"] % d["num_minibatches"] == 0),
+    message="--minibatch_over=steps: --num_minibatches must be >= 1 and divide --batch_size x --unroll_length")
+flags.register_multi_flags_validator(
+    ["minibatch_over", "vtrace_targets"],
+    lambda d: d["minibatch_over"] == "unrolls" or d["vtrace_targets"] == "batch_start",
+    message="--minibatch_over=steps needs --vtrace_targets=batch_start (V-trace's every-step targets read "
+            "each step's successors, which a minibatch of single steps does not hold)")
 flags.register_multi_flags_validator(
     ["queue_capacity", "batch_size"], lambda d: d["queue_capacity"] >= d["batch_size"],
     message="--queue_capacity must be >= --batch_size (the learner dequeues whole batches)")
@@ -333,6 +349,9 @@ def validate_run():
         raise UsageError("--agent_name=%s needs vector observations but --level_name=%s gives "
                          "shape %s; use SimpleConvNetAgent" % (FLAGS.agent_name, FLAGS.level_name,
                                                               spec.obs_shape))
+    if FLAGS.minibatch_over == "steps" and FLAGS.agent_name.endswith("LSTMAgent"):
+        raise UsageError("--minibatch_over=steps needs a feedforward agent: --agent_name=%s carries an LSTM "
+                         "state along each unroll; use --minibatch_over=unrolls" % FLAGS.agent_name)
     from impala import agent as agent_lib
     try:
         agent_lib.sends_frames(FLAGS)  # resolves --env_backend too

@@ -2,7 +2,8 @@
 batch: SyncBatches dequeues between updates, PrefetchBatches in a background thread while the
 update trains (as scalable_agent staged its batches); make_batch_source picks one by
 --prefetch_batches. Batches arrive batch-major [B, T, ...] (as actors send unrolls); the update
-reads them time-major [T, B, ...] (to_time_major) and in minibatches of unrolls (minibatch)."""
+reads them time-major [T, B, ...] (to_time_major) and in minibatches of unrolls (minibatch) or
+of single steps (step_fields, step_minibatch)."""
 import queue
 import threading
 import time
@@ -41,6 +42,30 @@ def minibatch(batch, index):
     mb = {k: tf.gather(v, index, axis=1) for k, v in batch.items()
           if k in STEP_FIELDS or k == "old_logits" or k.startswith(BATCH_START_PREFIX)}
     mb.update({k: tf.gather(v, index, axis=0) for k, v in batch.items() if k.startswith("core_state")})
+    return mb
+
+
+def step_fields(batch):
+    """The fields of a time-major batch that a gradient step on single steps reads
+    (--minibatch_over=steps), flattened from [T(+1), B, ...] to [T*B, ...]. The bootstrap row
+    of "observation" and "first" is dropped: with V-trace's targets fixed at the batch's start
+    no step reads its neighbours."""
+    flat = {}
+    for k, v in batch.items():
+        if k in STEP_FIELDS or k == "old_logits" or k.startswith(BATCH_START_PREFIX):
+            steps = v[:-1] if k in ("observation", "first") else v
+            flat[k] = tf.reshape(steps, tf.concat([[-1], tf.shape(steps)[2:]], 0))
+    return flat
+
+
+def step_minibatch(flat, index):
+    """The steps `index` of step_fields' output as a time-major batch of one unroll [n, 1, ...],
+    with a copy of the last observation standing in for the bootstrap row that the agent's
+    unroll expects and nothing reads."""
+    mb = {k: tf.gather(v, index)[:, None] for k, v in flat.items()}
+    for k in ("observation", "first"):
+        if k in mb:
+            mb[k] = tf.concat([mb[k], mb[k][-1:]], 0)
     return mb
 
 

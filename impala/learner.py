@@ -18,7 +18,7 @@ from impala import agent as agent_lib
 from impala import loss as loss_lib
 from impala import replay as replay_lib
 from impala import replay_files
-from impala.batches import minibatch, to_time_major
+from impala.batches import minibatch, step_fields, step_minibatch, to_time_major
 
 try:  # Horovod is optional for a single learner
     import horovod.tensorflow as hvd
@@ -212,17 +212,13 @@ class Learner:
         self.learning_rate.assign(self.scheduled_learning_rate())
         batch, value_scale = self._batch_start(batch)
         # --num_sgd_iter passes over the batch, each in --num_minibatches gradient steps on
-        # disjoint random subsets of its unrolls (1 x 1: IMPALA; more: APPO-style reuse, with
+        # disjoint random subsets of it (1 x 1: IMPALA; more: APPO-style reuse, with
         # V-trace correcting for the policy having moved since the actors acted).
         passes, parts = self.flags.num_sgd_iter, self.flags.num_minibatches
-        size = batch["action"].shape[1] // parts
-        # One random order of the unrolls per pass; step i takes the (i % parts)-th slice.
-        orders = None if parts == 1 else tf.stack(
-            [tf.random.shuffle(tf.range(batch["action"].shape[1])) for _ in range(passes)])
+        take = self._minibatches(batch, passes, parts)
 
         def sgd_step(i):
-            mb = batch if parts == 1 else minibatch(
-                batch, orders[i // parts, (i % parts) * size:(i % parts + 1) * size])
+            mb = take(i)
             with tf.GradientTape() as tape:
                 out, _ = self.agent.unroll(mb["observation"], mb["first"], self._core_state(mb))
                 loss, step_stats = loss_lib.compute_losses(out, mb, self.flags, value_scale)
@@ -248,6 +244,20 @@ class Learner:
         stats["learning_rate"] = self.learning_rate
         stats["skipped_steps"] = self.skipped_steps.read_value()  # after every step's assign_add
         return stats
+
+    def _minibatches(self, batch, passes, parts):
+        """i -> the minibatch of gradient step i: the (i % parts)-th slice of pass i // parts's
+        random order of the batch's unrolls (--minibatch_over=unrolls) or of its single steps
+        (steps: PPO's minibatches, whose steps come from many unrolls and times)."""
+        if parts == 1 and self.flags.minibatch_over == "unrolls":
+            return lambda i: batch
+        if self.flags.minibatch_over == "steps":
+            source, n, gather = step_fields(batch), batch["action"].shape[0] * batch["action"].shape[1], step_minibatch
+        else:
+            source, n, gather = batch, batch["action"].shape[1], minibatch
+        size = n // parts
+        orders = tf.stack([tf.random.shuffle(tf.range(n)) for _ in range(passes)])
+        return lambda i: gather(source, orders[i // parts, (i % parts) * size:(i % parts + 1) * size])
 
     def _apply_if_finite(self, grads, grad_norm):
         """Applies the gradients unless one is NaN or infinite (their global norm is then not

@@ -72,6 +72,11 @@ def _run_experiment(args, timeout=120):
     (["--width=16"], "--width"),
     (["--env_backend=python", "--obs_transfer=frames"], "--obs_transfer=frames"),
     (["--learner_threads=-1"], "learner_threads"),
+    (["--minibatch_over=steps"], "--vtrace_targets=batch_start"),
+    (["--level_name=CartPole-v1", "--agent_name=MLPLSTMAgent", "--minibatch_over=steps",
+      "--vtrace_targets=batch_start"], "--agent_name=MLPLSTMAgent"),
+    (["--minibatch_over=steps", "--vtrace_targets=batch_start", "--batch_size=2", "--unroll_length=5",
+      "--num_minibatches=3"], "--batch_size x --unroll_length"),
 ])
 def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     r = _run_experiment(args + ["--logdir=%s" % (tmp_path / "run")])

@@ -15,6 +15,8 @@ import pytest
 import tensorflow as tf
 
 from impala import agent as agent_lib
+from impala import batches
+from impala.batches import BATCH_START_PREFIX
 from impala import learner
 from impala import loss as loss_lib
 from impala import training
@@ -292,6 +294,44 @@ def test_targets_fixed_at_the_batch_start_do_not_follow_the_values():
     np.testing.assert_allclose(stats["baseline_loss"], flags.baseline_cost * 0.5 * T * B * (3.0 - 1.0) ** 2, rtol=1e-5)
     _, moving = loss_lib.compute_losses(out, batch, flags)
     assert not np.isclose(moving["baseline_loss"], stats["baseline_loss"])
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(normalize_advantages=True, normalize_returns=True)])
+def test_one_minibatch_of_all_the_steps_gives_the_update_of_the_whole_batch(tmp_path, kw):
+    """--minibatch_over=steps with one minibatch trains on every step of the batch in a random
+    order; the loss is a sum over steps, so the update is the whole batch's."""
+    kw = dict(kw, level="Pendulum-v1", clip_param=0.1, clip_ratio_to="batch_start", vtrace_targets="batch_start")
+    start, whole = _one_update(tmp_path, minibatch_over="unrolls", **kw)
+    _, steps = _one_update(tmp_path, weights=start, minibatch_over="steps", **kw)
+    assert not np.allclose(start, whole)
+    np.testing.assert_allclose(steps, whole, rtol=1e-4, atol=1e-6)
+
+
+def test_step_minibatches_hold_each_step_once_with_its_own_fields():
+    """One pass of --minibatch_over=steps's slices covers every (t, b) of the batch once, each
+    row's observation, action and fixed target from the same step, and most minibatches mix
+    unrolls (a minibatch of unrolls holds one stretch of one unroll)."""
+    T, B, parts = 6, 4, 3
+    tb = np.arange(T * B, dtype=np.float32).reshape(T, B)
+    obs = np.concatenate([tb, np.full((1, B), -1.0, np.float32)])[..., None].repeat(2, axis=-1)
+    batch = {"observation": tf.constant(obs), "first": tf.zeros([T + 1, B], bool),
+             "action": tf.constant(tb[..., None] + 0.5), BATCH_START_PREFIX + "vs": tf.constant(2 * tb),
+             "core_state_0": tf.zeros([B, 3])}
+    flat = batches.step_fields(batch)
+    order = tf.random.shuffle(tf.range(T * B), seed=3)
+    size = T * B // parts
+    seen, mixed = [], 0
+    for i in range(parts):
+        mb = batches.step_minibatch(flat, order[i * size:(i + 1) * size])
+        assert mb["observation"].shape == (size + 1, 1, 2) and mb["action"].shape == (size, 1, 1)
+        ids = mb["observation"].numpy()[:-1, 0, 0]
+        np.testing.assert_array_equal(mb["action"].numpy()[:, 0, 0], ids + 0.5)
+        np.testing.assert_array_equal(mb[BATCH_START_PREFIX + "vs"].numpy()[:, 0], 2 * ids)
+        assert "core_state_0" not in mb
+        seen += list(ids)
+        mixed += len(set(ids.astype(int) % B)) > 1
+    assert sorted(seen) == list(range(T * B))
+    assert mixed >= parts - 1
 
 
 def _values_after_updates(preserve, updates=40):

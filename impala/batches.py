@@ -37,10 +37,14 @@ def to_time_major(batch, names):
     return out
 
 
+def read_by_steps(name):
+    """Whether a gradient step reads the field `name` ([T(+1), B, ...] time-major)."""
+    return name in STEP_FIELDS or name == "old_logits" or name.startswith(BATCH_START_PREFIX)
+
+
 def minibatch(batch, index):
     """The unrolls `index` (along B) of a time-major batch: the fields a gradient step reads."""
-    mb = {k: tf.gather(v, index, axis=1) for k, v in batch.items()
-          if k in STEP_FIELDS or k == "old_logits" or k.startswith(BATCH_START_PREFIX)}
+    mb = {k: tf.gather(v, index, axis=1) for k, v in batch.items() if read_by_steps(k)}
     mb.update({k: tf.gather(v, index, axis=0) for k, v in batch.items() if k.startswith("core_state")})
     return mb
 
@@ -52,7 +56,7 @@ def step_fields(batch):
     no step reads its neighbours."""
     flat = {}
     for k, v in batch.items():
-        if k in STEP_FIELDS or k == "old_logits" or k.startswith(BATCH_START_PREFIX):
+        if read_by_steps(k):
             steps = v[:-1] if k in ("observation", "first") else v
             flat[k] = tf.reshape(steps, tf.concat([[-1], tf.shape(steps)[2:]], 0))
     return flat

@@ -245,16 +245,23 @@ flags.register_validator("actor_hosts", _hosts_ok,
                          message="must be a comma-separated list of host:port (port 1-65535)")
 flags.register_validator("width", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
 flags.register_validator("height", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
-flags.register_multi_flags_validator(
-    ["num_minibatches", "batch_size", "minibatch_over"],
-    lambda d: d["minibatch_over"] == "steps" or (
-        d["num_minibatches"] >= 1 and d["batch_size"] % d["num_minibatches"] == 0),
-    message="--num_minibatches must be >= 1 and divide --batch_size (each minibatch is whole unrolls)")
-flags.register_multi_flags_validator(
-    ["num_minibatches", "batch_size", "unroll_length", "minibatch_over"],
-    lambda d: d["minibatch_over"] == "unrolls" or (
-        d["num_minibatches"] >= 1 and d["batch_size"] * d["unroll_length"] % d["num_minibatches"] == 0),
-    message="--minibatch_over=steps: --num_minibatches must be >= 1 and divide --batch_size x --unroll_length")
+
+
+def _minibatches_ok(d):
+    """--num_minibatches splits the batch's unrolls, or with --minibatch_over=steps its steps."""
+    if d["minibatch_over"] == "steps":
+        items = d["batch_size"] * d["unroll_length"]
+        what = "--minibatch_over=steps: --num_minibatches must be >= 1 and divide --batch_size x --unroll_length"
+    else:
+        items = d["batch_size"]
+        what = "--num_minibatches must be >= 1 and divide --batch_size (each minibatch is whole unrolls)"
+    if d["num_minibatches"] < 1 or items % d["num_minibatches"]:
+        raise flags.ValidationError(what)
+    return True
+
+
+flags.register_multi_flags_validator(["num_minibatches", "batch_size", "unroll_length", "minibatch_over"],
+                                     _minibatches_ok)
 flags.register_multi_flags_validator(
     ["minibatch_over", "vtrace_targets"],
     lambda d: d["minibatch_over"] == "unrolls" or d["vtrace_targets"] == "batch_start",
@@ -349,7 +356,7 @@ def validate_run():
         raise UsageError("--agent_name=%s needs vector observations but --level_name=%s gives "
                          "shape %s; use SimpleConvNetAgent" % (FLAGS.agent_name, FLAGS.level_name,
                                                               spec.obs_shape))
-    if FLAGS.minibatch_over == "steps" and FLAGS.agent_name.endswith("LSTMAgent"):
+    if FLAGS.minibatch_over == "steps" and nets.is_recurrent(FLAGS.agent_name):
         raise UsageError("--minibatch_over=steps needs a feedforward agent: --agent_name=%s carries an LSTM "
                          "state along each unroll; use --minibatch_over=unrolls" % FLAGS.agent_name)
     from impala import agent as agent_lib

@@ -8,7 +8,7 @@
 Variables are created on the first call (Sonnet 2 builds lazily).
 """
 from nets import distributions
-from nets.base import (AgentOutput, RunningNormaliser, freeze_casts, normalisers, orthogonal_init,
+from nets.base import (AgentOutput, LSTMAgent, RunningNormaliser, freeze_casts, normalisers, orthogonal_init,
                        preprocess_observation, published_variables)
 from nets.conv import SimpleConvNetAgent
 from nets.mlp import MLPAgent, MLPLSTMAgent
@@ -22,6 +22,12 @@ _AGENTS = {
     "MLPLSTMAgent": MLPLSTMAgent,
 }
 AGENT_NAMES = tuple(_AGENTS)
+
+
+def is_recurrent(agent_name):
+    """Whether the agent carries a core state along each unroll (its steps then depend on the
+    steps before them)."""
+    return issubclass(_AGENTS[agent_name], LSTMAgent)
 
 
 def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activation=None):
@@ -45,6 +51,6 @@ def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activat
     return _AGENTS[agent_name](policy)
 
 
-__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "make_agent", "RunningNormaliser", "normalisers",
-           "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
+__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "is_recurrent", "make_agent", "RunningNormaliser",
+           "normalisers", "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
            "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]

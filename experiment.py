@@ -191,6 +191,12 @@ flags.DEFINE_float("actor_enqueue_backstop_s", 120.0, "How long one enqueue may 
                    "it is cancelled and sent again (the learner drops the part it already took). Only a "
                    "backstop: a silent learner is found sooner by small reads.")
 flags.register_validator("actor_enqueue_backstop_s", lambda v: v > 0, message="must be > 0")
+flags.DEFINE_bool("actor_send_ahead", True, "An actor starts its next unroll while the last one is still on its "
+                  "way into the learner's queue. With a full queue (a learner-bound run) that unroll acts on "
+                  "weights about two batches older than it would if the actor waited (--noactor_send_ahead): "
+                  "the policy lag many passes over each batch feel (configs/hopper.flags; measured in "
+                  "bench/results/2core-intel-r-xeon-r-processor/mujoco_impala.md). An actor-bound run wants "
+                  "the overlap.")
 flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreachable learner for "
                    "this long, with backoff, then exit.")
 
@@ -204,7 +210,8 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "minibatch_over",
              "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init",
-             "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs"]
+             "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs",
+             "actor_send_ahead"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
 

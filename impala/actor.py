@@ -214,6 +214,8 @@ def _send_until_stopped(actor, stop):
         else:
             actor.next_unroll()
             actor.timings.add("transfer", sender.send(actor.buf))
+            if not actor.flags.actor_send_ahead:  # the next unroll reads weights only once this one is queued
+                actor.timings.add("transfer", sender.wait_sent())
             if sender.outcome == "closed":
                 log("actor %d: learner closed its queue (run finished); exiting" % task)
                 break

@@ -102,6 +102,16 @@ class Sender:
                 self.check_learner()
         return time.perf_counter() - t0
 
+    def wait_sent(self):
+        """Waits until the unroll in hand is in the learner's queue, has failed, or the actor
+        stops; returns the seconds waited. A learner that stops answering meanwhile is found by
+        the same small reads as in `send`."""
+        t0 = time.perf_counter()
+        while self.inbox.unfinished_tasks and not self.stopper() and self.outcome is None:
+            self.check_learner()
+            time.sleep(0.002)
+        return time.perf_counter() - t0
+
     def drain(self, timeout_s=10.0):
         """Waits (at most timeout_s) until the unroll in hand is sent or failed."""
         deadline = time.time() + timeout_s

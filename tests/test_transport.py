@@ -123,6 +123,30 @@ def test_sender_keeps_waiting_on_a_slow_but_live_learner(monkeypatch):
     assert not waiter.is_alive()
 
 
+def test_waiting_for_the_unroll_in_hand_ends_once_it_is_queued(monkeypatch):
+    client = _StuckClient(answers=True)
+    sender, buf, stop = _blocked_sender(client, monkeypatch)
+    waited = []
+    waiter = threading.Thread(target=lambda: waited.append(sender.wait_sent()), daemon=True)
+    waiter.start()
+    time.sleep(0.6)
+    assert not waited, "returned while the enqueue was still blocked"
+    client.release.set()
+    waiter.join(5)
+    assert waited and waited[0] >= 0.6 and sender.outcome is None and sender.sent == 1
+    stop.set()
+
+
+def test_waiting_for_the_unroll_in_hand_ends_when_the_learner_is_lost(monkeypatch):
+    client = _StuckClient(answers=False)
+    sender, buf, stop = _blocked_sender(client, monkeypatch)
+    t0 = time.time()
+    sender.wait_sent()
+    assert sender.outcome == "lost" and time.time() - t0 < 5
+    client.release.set()
+    stop.set()
+
+
 def test_sender_turns_an_unexpected_enqueue_error_into_lost():
     class Broken:
         def enqueue(self, buf, timeout_ms):

@@ -1,6 +1,7 @@
 """The MuJoCo suite (`bench/run.py mujoco`): HalfCheetah-v5 (and Hopper-v5 with --levels) through
-our IMPALA actors (configs/mujoco.flags, the same file for every task) beside WALL-E's PPO and
-Stable-Baselines3's PPO, both with rl-baselines3-zoo's recipe tuned for the task, on the same cores.
+our IMPALA actors beside WALL-E's PPO and Stable-Baselines3's PPO, all three with rl-baselines3-zoo's
+PPO choices for the task (IMPALA: configs/mujoco.flags, which configs/hopper.flags changes where zoo's
+Hopper recipe differs), on the same cores.
 
     .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --frames 3000000 --peer_steps 1000000
     .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --contenders walle sb3   # the others' runs are read
@@ -37,12 +38,11 @@ from bench import ppo_halfcheetah
 from local_cluster import LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPE = "configs/mujoco.flags"
 # One actor of the recipe's 8 envs: the learner is the bottleneck on 2 cores, and a second actor only
 # doubles the actors' policy lag (configs/mujoco.flags says why that matters).
 IMPALA_ACTORS = 1
 CONTENDERS = ("impala", "walle", "sb3")
-LABELS = {"impala": "IMPALA (ours, configs/mujoco.flags, %d actor(s) x 8 envs)" % IMPALA_ACTORS,
+LABELS = {"impala": "IMPALA (ours, the task's flag file, %d actor(s) x 8 envs)" % IMPALA_ACTORS,
           "walle": "WALL-E PPO (ours, rl-zoo recipe, 2 samplers)",
           "sb3": "SB3 PPO (rl-zoo recipe, 1 env)"}
 WINDOW = {"impala": 20, "walle": 10, "sb3": 10}
@@ -51,12 +51,15 @@ WALLE_HOPPER = ["--loss", "clip", "--value_fit", "joint", "-b", "512", "--clip_m
                 "-g", "0.999", "-l", "0.99", "--policy_lr", "9.80828e-05", "--ent_coef", "0.00229519", "--clip", "0.2",
                 "--max_grad_norm", "0.7", "--vf_coef", "0.835671", "--adam_eps", "1e-5", "--norm_reward",
                 "--obs_clip", "10", "--hidden", "256,256", "--activation", "relu", "--log_std_init", "-2"]
-# Per task: its short name (for the figure), the default target (a training return, exploration
-# noise on; rl-zoo's PPO evaluates deterministically to 5,819 on HalfCheetah-v3 and 2,410 on
-# Hopper-v3 at 1M steps, its benchmark.md), WALL-E's flags and bench/peers/sb3_ppo.py's suite.
-Task = collections.namedtuple("Task", ["short", "target", "walle_flags", "sb3_suite"])
-TASKS = {"HalfCheetah-v5": Task("HalfCheetah", 5000.0, ppo_halfcheetah.VARIANTS["zoo"], "halfcheetah"),
-         "Hopper-v5": Task("Hopper", 2000.0, WALLE_HOPPER, "hopper")}
+# Per task: its short name (for the figure), IMPALA's flag file (from the repository root, where the
+# suite runs: hopper.flags includes mujoco.flags by that path), the default target (a training
+# return, exploration noise on; rl-zoo's PPO evaluates deterministically to 5,819 on HalfCheetah-v3
+# and 2,410 on Hopper-v3 at 1M steps, its benchmark.md), WALL-E's flags and bench/peers/sb3_ppo.py's
+# suite.
+Task = collections.namedtuple("Task", ["short", "recipe", "target", "walle_flags", "sb3_suite"])
+TASKS = {"HalfCheetah-v5": Task("HalfCheetah", "configs/mujoco.flags", 5000.0, ppo_halfcheetah.VARIANTS["zoo"],
+                                "halfcheetah"),
+         "Hopper-v5": Task("Hopper", "configs/hopper.flags", 2000.0, WALLE_HOPPER, "hopper")}
 CSV_FIELDS = ["level", "contender", "seed", "steps", "score", "score_window", "mean_return_100", "best", "steps_to_target",
               "time_to_target_s", "steps_per_s", "train_s", "wall_s", "exit"]
 
@@ -78,7 +81,7 @@ def run_one(a, level, contender, seed, logdir, sb3_py):
     t0 = time.time()
     task = TASKS[level]
     if contender == "impala":
-        flags = ["--flagfile=" + os.path.join(ROOT, RECIPE), "--level_name=" + level, "--seed=%d" % seed,
+        flags = ["--flagfile=" + os.path.join(ROOT, task.recipe), "--level_name=" + level, "--seed=%d" % seed,
                  "--total_environment_frames=%d" % a.frames]
         with LocalCluster(IMPALA_ACTORS, a.base_port, flags, logdir) as cluster:
             code = cluster.wait()

@@ -87,18 +87,22 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     assert not os.path.exists(tmp_path / "run"), "nothing may be started or written on bad input"
 
 
-def test_the_pong_recipe_is_a_valid_run():
-    """configs/pong.flags (the README's Pong recipe) parses and passes the run checks."""
+@pytest.mark.parametrize("recipe,names,expected", [
+    ("pong", "level_name width num_sgd_iter compute_dtype normalize_observations normalize_returns",
+     "PongNoFrameskip-v4 42 4 bfloat16 True True"),
+    # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.
+    ("hopper", "level_name discounting num_minibatches minibatch_over adam_epsilon mlp_hidden actor_send_ahead",
+     "Hopper-v5 0.999 16 steps 0.00032 ['256', '256'] False")])
+def test_a_recipe_is_a_valid_run(recipe, names, expected):
+    """configs/<recipe>.flags (what the README and the suites run) parses and passes the run checks."""
     code = ("import experiment\n"
-            "experiment.FLAGS(['experiment.py', '--flagfile=%s/configs/pong.flags'])\n"
+            "experiment.FLAGS(['experiment.py', '--flagfile=configs/%s.flags'])\n"
             "experiment.validate_run()\n"
-            "F = experiment.FLAGS\n"
-            "print('recipe', F.level_name, F.width, F.num_sgd_iter, F.compute_dtype,\n"
-            "      F.normalize_observations, F.normalize_returns)\n" % ROOT)
-    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
+            "print('recipe', *[getattr(experiment.FLAGS, n) for n in %r.split()])\n" % (recipe, names))
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr
-    assert "recipe PongNoFrameskip-v4 42 4 bfloat16 True True" in r.stdout
+    assert "recipe " + expected in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("flag,expected", [([], True), (["--noonednn"], False)])

@@ -207,7 +207,10 @@ def suite(a, out):
     names = sorted(os.listdir(runs_root)) if os.path.isdir(runs_root) else []
     runs, csv_rows = [], []
     for name in names:
-        game, seed = name.rsplit("_s", 1)
+        match = re.fullmatch(r"(\w+)_s(\d+)", name)
+        if match is None:  # not a run folder of the suite's (run_dir): a user's own, left alone
+            continue
+        game, seed = match.groups()
         level = "%sNoFrameskip-v4" % game
         logdir = os.path.join(runs_root, name)
         r = summarise(level, int(seed), logdir, common.read_json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))

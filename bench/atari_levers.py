@@ -13,6 +13,7 @@ an early sign only). Writes <out>/atari_levers.md and .csv.
 import argparse
 import csv
 import os
+import re
 import sys
 import tempfile
 
@@ -35,7 +36,13 @@ VARIANTS = {  # name: (what it changes, the flags after the recipe's)
                  ["--compute_dtype=bfloat16"]),
     "float32_sgd2": ("float32 compute, 2 passes", ["--compute_dtype=float32", "--num_sgd_iter=2"]),
     "batch64": ("batch 64 unrolls", ["--batch_size=64", "--queue_capacity=128"]),
+    # The policy lag's levers: how many batches old the weights are that the actors act on.
+    "lag_defaults": ("queue of two batches, actors send ahead (the defaults)",
+                     ["--queue_capacity=64", "--actor_send_ahead"]),
+    "lag_prefetch0": ("no batch dequeued ahead of the update", ["--prefetch_batches=0"]),
+    "lag_one_actor": ("1 actor process of 32 envs instead of 2", []),
 }
+ACTORS = {"lag_one_actor": 1}  # variants that change the actor processes rather than a flag
 
 
 def run_variant(a, name, seed):
@@ -43,15 +50,16 @@ def run_variant(a, name, seed):
     flags = ["--flagfile=" + os.path.join(ROOT, "configs", "atari.flags"), "--level_name=" + a.game,
              "--seed=%d" % seed, "--total_environment_frames=%d" % a.frames, "--log_every_s=10"] + VARIANTS[name][1]
     print("[levers] %s seed %d" % (name, seed), flush=True)
-    with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
+    with LocalCluster(ACTORS.get(name, a.actors), a.base_port, flags, logdir) as cluster:
         code = cluster.wait()
     rows, summary, log = common.finished_run(logdir)
     if code != 0 or summary is None:
         return {"variant": name, "seed": seed, "error": "exit %s: %s" % (code, log.splitlines()[-1:] if log else "")}
     late = [float(r["fps"]) for r in rows if int(r["frames"]) > a.frames / 5] or [float(r["fps"]) for r in rows]
     last = rows[-1]
+    lags = [float(x) for x in re.findall(r"\| lag ([0-9.]+) \|", log)]
     return {"variant": name, "seed": seed, "fps": float(np.median(late)), "frames": summary["frames"],
-            "elapsed_s": summary["elapsed_s"],
+            "elapsed_s": summary["elapsed_s"], "lag": float(np.median(lags)) if lags else float("nan"),
             "score": float(last.get("mean_return_100") or last["mean_return_20"]),
             "bottleneck": summary["time_breakdown"]["bottleneck"], "error": ""}
 
@@ -71,21 +79,22 @@ def main():
     out, machine = bench_run.results_dir(a.out)
     results = [run_variant(a, name, seed) for seed in a.seeds for name in a.variants]
     with open(os.path.join(out, "atari_levers.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, ["variant", "seed", "fps", "frames", "elapsed_s", "score", "bottleneck", "error"])
+        w = csv.DictWriter(f, ["variant", "seed", "fps", "frames", "elapsed_s", "lag", "score", "bottleneck", "error"])
         w.writeheader()
         w.writerows(results)
     base = np.median([r["fps"] for r in results if r["variant"] == "recipe" and not r["error"]] or [np.nan])
     lines = ["# %s, configs/atari.flags with one lever changed, %s frames per run, learning on\n" % (
         a.game, "{:,}".format(a.frames)),
-             "| variant | what it changes | seed | frames/s | vs recipe | score (last 100 games) at the end | "
-             "bottleneck |", "|---|---|---|---|---|---|---|"]
+             "| variant | what it changes | seed | frames/s | vs recipe | policy lag (batches) | "
+             "score (last 100 games) at the end | bottleneck |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r["error"]:
-            lines.append("| %s | %s | %d | failed: %s | | | |" % (r["variant"], VARIANTS[r["variant"]][0], r["seed"],
+            lines.append("| %s | %s | %d | failed: %s | | | | |" % (r["variant"], VARIANTS[r["variant"]][0], r["seed"],
                                                                r["error"]))
             continue
-        lines.append("| %s | %s | %d | %.0f | %.2fx | %.1f | %s |" % (
-            r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["fps"], r["fps"] / base, r["score"], r["bottleneck"]))
+        lines.append("| %s | %s | %d | %.0f | %.2fx | %.1f | %.1f | %s |" % (
+            r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["fps"], r["fps"] / base, r["lag"], r["score"],
+            r["bottleneck"]))
     bench_run.write_table(out, "atari_levers", lines, machine)
     return 0
 

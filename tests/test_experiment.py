@@ -90,6 +90,8 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
 @pytest.mark.parametrize("recipe,names,expected", [
     ("pong", "level_name width num_sgd_iter compute_dtype normalize_observations normalize_returns",
      "PongNoFrameskip-v4 42 4 bfloat16 True True"),
+    ("atari", "width queue_capacity batch_size actor_send_ahead vtrace_targets learning_rate_decay",
+     "84 32 32 False batch_start linear"),
     # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.
     ("hopper", "level_name discounting num_minibatches minibatch_over adam_epsilon mlp_hidden actor_send_ahead",
      "Hopper-v5 0.999 16 steps 0.00032 ['256', '256'] False")])

@@ -114,6 +114,7 @@ def summarise(level, seed, logdir, ceiling_fps):
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
+            "extra": common.read_json(os.path.join(logdir, "extra_flags.json"), []),
             "extra_flags": " ".join(common.read_json(os.path.join(logdir, "extra_flags.json"), [])),
             "curve": (frames, times, score)}
 
@@ -227,6 +228,18 @@ def suite(a, out):
             "Score: mean of the last 100 whole-game training returns. HNS: human-normalised score. Published "
             "figures: ../shared/anchors.md (CleanRL's docs). Training time counts from the learner being ready; "
             "a resumed run's time leaves out the stop.", ""] + table(runs, a.frames) + [
-        "", "Command: `.venv/bin/python bench/run.py atari --games %s --frames %d --seeds %s%s`" % (
-            " ".join(a.games), a.frames, " ".join(map(str, a.seeds)),
-            " --recipe_extra='%s'" % " ".join(a.recipe_extra) if a.recipe_extra else "")]
+        "", "Command: `%s`" % command("atari", a, runs)]
+
+
+def command(suite, a, runs):
+    """The suite's command line for these runs: the one given or, where it only rebuilt the table
+    (no --games), the games, seeds and flags after the recipe that the run folders hold."""
+    games, seeds, extra = a.games, a.seeds, a.recipe_extra
+    if not games:
+        games = sorted({"%sNoFrameskip-v4" % r["game"] for r in runs})
+        seeds = sorted({r["seed"] for r in runs})
+        extras = {tuple(f for f in r["extra"] if not f.startswith("--replay_parameters=")) for r in runs}
+        extra = list(extras.pop()) if len(extras) == 1 else []
+    return ".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s" % (
+        suite, " ".join(games), a.frames, " ".join(map(str, seeds)),
+        " --recipe_extra='%s'" % " ".join(extra) if extra else "")

@@ -6,6 +6,7 @@
   .venv/bin/python bench/run.py pong_long       # Pong for 10M frames (about 30 min on 2 cores): the curve
   .venv/bin/python bench/run.py pong_long --seeds --peers sf rllib   # the peers' own Pong settings, 70 min each
   .venv/bin/python bench/run.py atari --games BreakoutNoFrameskip-v4 --frames 40000000 --seeds 1   # bench/atari.py
+  .venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 --frames 10000000 --seeds 1   # bench/atari_replay.py
   .venv/bin/python bench/run.py mujoco --frames 3000000 --peer_budget_s 1200 --seeds 1 2 3   # bench/mujoco.py
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
@@ -31,6 +32,7 @@ import time
 
 from local_cluster import LocalCluster, obey_ctrl_c
 from bench import atari
+from bench import atari_replay
 from bench import mujoco
 from bench import cartpole_impala
 from bench import ceiling
@@ -560,7 +562,8 @@ def _si(n):
 
 
 SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling": suite_scaling,
-          "pong_long": suite_pong_long, "atari": atari.suite, "mujoco": mujoco.suite}
+          "pong_long": suite_pong_long, "atari": atari.suite, "atari_replay": atari_replay.suite,
+          "mujoco": mujoco.suite}
 
 
 def main():
@@ -574,11 +577,11 @@ def main():
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--frames", type=int, default=10_000_000)
-    p.add_argument("--games", nargs="*", default=[], help="atari: gymnasium ids, e.g. BreakoutNoFrameskip-v4 "
-                   "(none: only rebuild the table from the run folders)")
-    p.add_argument("--actors", type=int, default=2, help="atari: actor processes per run")
-    p.add_argument("--recipe_extra", type=shlex.split, default=[], help="atari: experiment.py flags after the "
-                   "recipe's, in one argument, for a new run and its resumes (e.g. "
+    p.add_argument("--games", nargs="*", default=[], help="atari, atari_replay: gymnasium ids, e.g. "
+                   "BreakoutNoFrameskip-v4 (none: only rebuild the table from the run folders)")
+    p.add_argument("--actors", type=int, default=2, help="atari, atari_replay: actor processes per run")
+    p.add_argument("--recipe_extra", type=shlex.split, default=[], help="atari, atari_replay: experiment.py flags "
+                   "after the recipe's, in one argument, for a new run and its resumes (e.g. "
                    "--recipe_extra=--compute_dtype=float32 where bfloat16 is the slower: "
                    "bench/results/2core-intel-r-xeon-r-processor/atari_levers.md); kept in the run folder "
                    "and shown in the table")
@@ -600,7 +603,12 @@ def main():
     a = p.parse_args()
     out = a.out or machine_dir()
     os.makedirs(out, exist_ok=True)
-    lines = SUITES[a.suite](a, out)
+    try:
+        lines = SUITES[a.suite](a, out)
+    except KeyboardInterrupt:  # the clusters have stopped and checkpointed (LocalCluster's exit)
+        print("\n[%s] stopped by Ctrl-C; the run folders keep what was written, and the atari, atari_replay "
+              "and mujoco suites resume a cut-off run when asked for it again" % a.suite, flush=True)
+        return 130
     info = write_machine(out)  # after the suite, which installs the peers whose versions it records
     lines += ["", machine_line(info)]
     path = os.path.join(out, a.suite + ".md")

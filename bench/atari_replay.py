@@ -1,0 +1,148 @@
+"""The PyTorch V-trace platform's replay claim on Atari (`bench/run.py atari_replay`): with
+configs/atari.flags, at the same frame budget, queue only against queue + uniform replay against
+queue + elite replay.
+
+    .venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 SeaquestNoFrameskip-v4 \\
+        --frames 10000000 --seeds 1 --recipe_extra=--compute_dtype=float32
+    .venv/bin/python bench/run.py atari_replay --games --seeds    # no game: only rebuild the table
+
+The replay variants take half of every batch from a buffer of 1,000 unrolls (the platform's own
+example size) and half from the actors, so the learner trains on twice the samples per env frame.
+Elite replay uses the platform's example settings (its README): ln_norm distance between
+the stored and the current policy's logits, lambda_batch_multiplier 6, alfa_annealing_factor 2.0.
+
+Each run lives in <out>/replay_runs/<Game>_<variant>_s<seed>/ and is started, resumed when cut off,
+or left alone when done, as the Atari suite's runs are (bench/atari.py). Writes <out>/atari_replay.md,
+atari_replay.csv and one figure per game with every variant's curve (atari_replay_<Game>.png).
+"""
+import csv
+import json
+import os
+import re
+
+import numpy as np
+
+from bench import atari, common
+
+QUEUE_HALF = {"type": "queue", "capacity": 1, "sample_ratio": 0.5}
+CAPACITY = 1000
+VARIANTS = {  # name: (what it is, --replay_parameters)
+    "queue": ("queue only (no replay)", [{"type": "queue", "capacity": 1, "sample_ratio": 1}]),
+    "standard": ("queue + uniform replay, half of each batch",
+                 [QUEUE_HALF, {"type": "standard", "capacity": CAPACITY, "sample_ratio": 0.5, "compress": True}]),
+    "elite": ("queue + elite replay, half of each batch (ln_norm, lambda 6, alfa 2.0)",
+              [QUEUE_HALF, {"type": "custom", "capacity": CAPACITY, "sample_ratio": 0.5, "compress": True,
+                            "sample_strategy": "elite_sampling", "dist_function": "ln_norm",
+                            "lambda_batch_multiplier": 6, "alfa_annealing_factor": 2.0}]),
+}
+CSV_FIELDS = ["game", "variant", "seed", "frames", "return_last100", "best_last100", "train_seconds", "fps",
+              "learner_samples_per_s", "resumed_at"]
+
+
+def run_dir(out, level, variant, seed):
+    return os.path.join(out, "replay_runs", "%s_%s_s%d" % (atari.short(level), variant, seed))
+
+
+def summarise(logdir, game, variant, seed):
+    """The table's figures of one run folder, or None before its first metrics row."""
+    r = atari.summarise("%sNoFrameskip-v4" % game, seed, logdir, None)
+    if r is None:
+        return None
+    options = common.read_json(os.path.join(logdir, "options.json"), {})
+    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
+    samples = int(rows[-1]["updates"]) * options.get("batch_size", 32) * options.get("unroll_length", 32)
+    _, _, score = r["curve"]
+    r.update(variant=variant, best_last100=float(np.nanmax(score)),
+             learner_samples_per_s=samples / r["train_seconds"] if r["train_seconds"] > 0 else float("nan"))
+    return r
+
+
+def verdict(game, runs):
+    """One sentence on elite replay against uniform replay and the queue, beyond the seeds' spread."""
+    final = {v: [r["return_last100"] for r in runs if r["variant"] == v] for v in VARIANTS}
+    if not final["elite"] or not final["standard"]:
+        return "%s: elite or uniform replay has no run yet." % game
+    if min(len(final["elite"]), len(final["standard"])) < 2:
+        return ("%s: one seed per variant, so the run-to-run spread is not measured and no difference can be "
+                "called beyond it." % game)
+    words = []
+    for other in ("standard", "queue"):
+        if not final[other]:
+            continue
+        lo, hi = min(final["elite"]), max(final["elite"])
+        if lo > max(final[other]):
+            words.append("above %s on every seed" % other)
+        elif hi < min(final[other]):
+            words.append("below %s on every seed" % other)
+        else:
+            words.append("within the seeds' spread of %s" % other)
+    return "%s: elite replay is %s." % (game, " and ".join(words))
+
+
+def table(runs):
+    lines = ["| game | variant | seed | frames | score at the end | best | training time | env frames/s | "
+             "learner samples/s | resumed after |", "|---" * 10 + "|"]
+    for r in runs:
+        lines.append("| %s | %s | %d | %.1fM | %.1f | %.1f | %.0f min | %.0f | %.0f | %s |" % (
+            r["game"], r["variant"], r["seed"], r["frames"] / 1e6, r["return_last100"], r["best_last100"],
+            r["train_seconds"] / 60, r["fps"], r["learner_samples_per_s"], r["resumed_at"] or "-"))
+    return lines
+
+
+def plot(game, runs, frames, out):
+    fig, ax = common.subplots(1, 1, figsize=(6, 4))
+    for r in runs:
+        f, _, score = r["curve"]
+        ax.plot(f / 1e6, score, color="C%d" % list(VARIANTS).index(r["variant"]),
+                ls=["-", "--", ":", "-."][(r["seed"] - 1) % 4], label="%s, seed %d" % (r["variant"], r["seed"]))
+    ax.set_xlabel("env frames (M)")
+    ax.set_ylabel("mean of the last 100 games")
+    ax.set_xlim(0, frames / 1e6)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("%s: replay variants, %s" % (game, atari.RECIPE))
+    common.save_figure(fig, os.path.join(out, "atari_replay_%s.png" % game))
+
+
+def collect(out):
+    """Every finished or cut-off run folder under <out>/replay_runs, in name order."""
+    root = os.path.join(out, "replay_runs")
+    runs = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        match = re.fullmatch(r"(\w+?)_(%s)_s(\d+)" % "|".join(VARIANTS), name)
+        if match is None:  # not a run folder of this suite's (run_dir): left alone
+            continue
+        r = summarise(os.path.join(root, name), match.group(1), match.group(2), int(match.group(3)))
+        if r is not None:
+            runs.append(r)
+    return runs
+
+
+def suite(a, out):
+    """Runs (or resumes) each game, seed and variant to a.frames, then the table of every run folder."""
+    for level in a.games:
+        for seed in a.seeds:
+            for variant, (_, spec) in VARIANTS.items():  # variants in turn within a seed
+                logdir = run_dir(out, level, variant, seed)
+                extra = atari.extra_flags(logdir, a.recipe_extra + ["--replay_parameters=" + json.dumps(spec)])
+                print("[atari_replay] %s" % variant, flush=True)
+                code = atari.run_game(a, level, seed, logdir, extra)
+                if code not in (None, 0):
+                    print("[atari_replay] %s %s seed %d: the learner exited with %s" % (
+                        atari.short(level), variant, seed, code), flush=True)
+    runs = collect(out)
+    with open(os.path.join(out, "atari_replay.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, CSV_FIELDS)
+        w.writeheader()
+        w.writerows({k: r[k] for k in CSV_FIELDS} for r in runs)
+    games = sorted({r["game"] for r in runs})
+    for game in games:
+        plot(game, [r for r in runs if r["game"] == game], a.frames, out)
+    return ["# Replay on Atari at %s frames, %s: queue only, uniform replay, elite replay" % (
+                "{:,}".format(a.frames), atari.RECIPE), "",
+            "Score: mean of the last 100 whole-game training returns. Variants: %s. Replay capacity %d unrolls, "
+            "lz4-compressed. Learner samples/s counts every unroll step trained on, replayed or new." % (
+                "; ".join("**%s** %s" % (k, v[0]) for k, v in VARIANTS.items()), CAPACITY), ""] + table(runs) + [
+        ""] + [verdict(game, [r for r in runs if r["game"] == game]) for game in games] + [
+        "", "Figures: %s" % ", ".join("[atari_replay_%s.png](atari_replay_%s.png)" % (g, g) for g in games),
+        "", "Command: `%s`" % atari.command("atari_replay", a, runs)]

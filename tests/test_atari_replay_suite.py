@@ -1,0 +1,71 @@
+"""bench/run.py atari_replay: the run folders it reads (one per game, variant and seed; others left
+alone), learner samples/s from the updates, the verdict against the seeds' spread, and, slow, a real
+tiny run of the three variants through the suite."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import atari_replay
+from tests.test_atari_suite import _metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(out, variant, seed, final, updates=100):
+    d = atari_replay.run_dir(out, "BreakoutNoFrameskip-v4", variant, seed)
+    _metrics(d, [dict(time_s=50, frames=100_000, updates=updates // 2, mean_return_20=1.0, mean_return_100=final / 2),
+                 dict(time_s=100, frames=200_000, updates=updates, mean_return_20=1.0, mean_return_100=final)])
+    json.dump({"batch_size": 32, "unroll_length": 32}, open(os.path.join(d, "options.json"), "w"))
+    return d
+
+
+def test_the_table_reads_each_variants_folders_and_leaves_others_alone(tmp_path):
+    out = str(tmp_path)
+    _run(out, "queue", 1, 10.0, updates=100)
+    _run(out, "elite", 1, 30.0, updates=200)
+    os.makedirs(os.path.join(out, "replay_runs", "notes_from_a_user"))
+    runs = atari_replay.collect(out)
+    assert [(r["game"], r["variant"], r["seed"]) for r in runs] == [("Breakout", "elite", 1), ("Breakout", "queue", 1)]
+    elite = runs[0]
+    assert elite["return_last100"] == 30.0 and elite["best_last100"] == 30.0 and elite["train_seconds"] == 100.0
+    assert elite["learner_samples_per_s"] == pytest.approx(200 * 32 * 32 / 100.0)
+    assert elite["fps"] == pytest.approx(2000.0)
+    lines = atari_replay.table(runs)
+    assert lines[2].startswith("| Breakout | elite | 1 | 0.2M | 30.0 | 30.0 | 2 min | 2000 | 2048 |")
+
+
+def test_the_verdict_needs_two_seeds_and_names_the_spread(tmp_path):
+    out = str(tmp_path)
+    for variant, finals in (("queue", (10.0, 12.0)), ("standard", (20.0, 40.0)), ("elite", (30.0, 35.0))):
+        _run(out, variant, 1, finals[0])
+    assert "one seed per variant" in atari_replay.verdict("Breakout", atari_replay.collect(out))
+    for variant, finals in (("queue", (10.0, 12.0)), ("standard", (20.0, 40.0)), ("elite", (30.0, 35.0))):
+        _run(out, variant, 2, finals[1])
+    assert atari_replay.verdict("Breakout", atari_replay.collect(out)) == (
+        "Breakout: elite replay is within the seeds' spread of standard and above queue on every seed.")
+
+
+@pytest.mark.slow
+def test_the_suite_runs_the_three_variants(tmp_path):
+    """Three real Breakout runs of a few updates each: one folder per variant with its replay
+    parameters, the replay variants training on about twice the samples per env frame."""
+    out = str(tmp_path)
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "run.py"), "atari_replay", "--games", "BreakoutNoFrameskip-v4",
+           "--seeds", "1", "--frames", "16384", "--out", out, "--base_port", "19680",
+           "--recipe_extra=--compute_dtype=float32"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {row["variant"]: row for row in csv.DictReader(open(os.path.join(out, "atari_replay.csv")))}
+    assert sorted(rows) == ["elite", "queue", "standard"] and all(int(x["frames"]) >= 16384 for x in rows.values())
+    for variant, (_, spec) in atari_replay.VARIANTS.items():
+        options = json.load(open(os.path.join(atari_replay.run_dir(out, "BreakoutNoFrameskip-v4", variant, 1),
+                                              "options.json")))
+        assert json.loads(options["replay_parameters"]) == spec
+    per_frame = {v: float(x["learner_samples_per_s"]) / float(x["fps"]) for v, x in rows.items()}
+    assert per_frame["standard"] > 1.5 * per_frame["queue"] and per_frame["elite"] > 1.5 * per_frame["queue"]
+    assert os.path.exists(os.path.join(out, "atari_replay_Breakout.png"))
+    assert "one seed per variant" in open(os.path.join(out, "atari_replay.md")).read()

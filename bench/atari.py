@@ -110,12 +110,12 @@ def summarise(level, seed, logdir, ceiling_fps):
         i = np.searchsorted(frames, m, side="right") - 1
         return float(score[i]) if frames[-1] >= m and i >= 0 else float("nan")
     fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
+    extra = common.read_json(os.path.join(logdir, "extra_flags.json"), [])
     return {"game": short(level), "seed": seed, "frames": int(frames[-1]), "return_last100": float(score[-1]),
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
-            "extra": common.read_json(os.path.join(logdir, "extra_flags.json"), []),
-            "extra_flags": " ".join(common.read_json(os.path.join(logdir, "extra_flags.json"), [])),
+            "updates": int(rows[-1]["updates"]), "extra": extra, "extra_flags": " ".join(extra),
             "curve": (frames, times, score)}
 
 

@@ -49,8 +49,7 @@ def summarise(logdir, game, variant, seed):
     if r is None:
         return None
     options = common.read_json(os.path.join(logdir, "options.json"), {})
-    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
-    samples = int(rows[-1]["updates"]) * options.get("batch_size", 32) * options.get("unroll_length", 32)
+    samples = r["updates"] * options.get("batch_size", 32) * options.get("unroll_length", 32)
     _, _, score = r["curve"]
     r.update(variant=variant, best_last100=float(np.nanmax(score)),
              learner_samples_per_s=samples / r["train_seconds"] if r["train_seconds"] > 0 else float("nan"))
@@ -66,10 +65,10 @@ def verdict(game, runs):
         return ("%s: one seed per variant, so the run-to-run spread is not measured and no difference can be "
                 "called beyond it." % game)
     words = []
+    lo, hi = min(final["elite"]), max(final["elite"])
     for other in ("standard", "queue"):
         if not final[other]:
             continue
-        lo, hi = min(final["elite"]), max(final["elite"])
         if lo > max(final[other]):
             words.append("above %s on every seed" % other)
         elif hi < min(final[other]):

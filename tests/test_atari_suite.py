@@ -37,7 +37,7 @@ def test_run_state_new_cut_done(tmp_path):
 
 def test_summary_reads_milestones_and_continues_a_resumed_clock(tmp_path):
     d = str(tmp_path / "Breakout_s2")
-    rows = [dict(time_s=t, frames=f, mean_return_20=1.0, mean_return_100=s) for t, f, s in [
+    rows = [dict(time_s=t, frames=f, updates=f // 1024, mean_return_20=1.0, mean_return_100=s) for t, f, s in [
         (100, 5_000_000, 2.0), (200, 10_000_000, 10.0), (300, 15_000_000, 20.0),
         (50, 20_500_000, 30.0), (150, 25_000_000, 40.0)]]  # resumed at 15M: time_s restarts
     _metrics(d, rows)

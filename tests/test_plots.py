@@ -146,3 +146,27 @@ def test_an_impala_set_against_a_ppo_set_by_time(tmp_path):
     proc = plot("plotcurve_cmp.py", "-x", "time", "-i", str(impala), "-b", str(ppo), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == PNG
+
+
+def test_a_resumed_run_with_newer_columns_widens_its_file_once(tmp_path):
+    # A file begun by an older version (two columns), then resumed by one that appended a third cell
+    # past the old header (as learners did before files were widened), then by today's four columns.
+    path = tmp_path / "metrics.csv"
+    path.write_text("frames,ret\n1,10\n2,20,0.5\n")
+    log = RunLog(str(path), ("frames", "ret", "lag", "rate"), None)
+    log.write(dict(frames=3, ret=30.0, lag=4.0, rate=1e-4), step=3)
+    log.close()
+    assert path.read_text().splitlines() == ["frames,ret,lag,rate", "1,10,,", "2,20,0.5,", "3,30,4,0.0001"]
+    # A file that already has them, in its own order, is appended to as it is.
+    log = RunLog(str(path), ("frames", "lag", "ret", "rate"), None)
+    log.write(dict(frames=4, ret=40.0, lag=3.0, rate=0.0), step=4)
+    log.close()
+    assert path.read_text().splitlines()[-1] == "4,40,3,0"
+    # A column the file has and the writer does not is kept, and left empty in new rows.
+    log = RunLog(str(path), ("frames", "ret", "lag", "rate", "extra"), None)
+    log.close()
+    log = RunLog(str(path), ("frames", "ret"), None)
+    log.write(dict(frames=5, ret=50.0), step=5)
+    log.close()
+    lines = path.read_text().splitlines()
+    assert lines[0] == "frames,ret,lag,rate,extra" and lines[-1] == "5,50,,,"

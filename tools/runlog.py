@@ -47,6 +47,8 @@ class RunLog:
         self.columns, self.tags = list(columns), dict(tags or {})
         os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
         new_file = not append or not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
+        if not new_file:
+            self.columns = _widen(csv_path, self.columns)
         self.file = open(csv_path, "a" if append else "w", newline="", buffering=1)
         self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
         if new_file:
@@ -75,3 +77,29 @@ class RunLog:
         self.file.close()
         if self.writer is not None:
             self.writer.close()
+
+
+def _widen(csv_path, columns):
+    """The columns a resumed run appends under: a file written by a version with fewer columns is
+    rewritten once with the new ones added (their old cells empty), so every row keeps one header
+    and readers find each figure by name; a column the file has and `columns` lacks is kept, last.
+    The rewrite goes through a temporary file, so a crash leaves the old file whole."""
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        have = list(reader.fieldnames or [])
+        if set(columns) <= set(have):
+            return have
+        rows = list(reader)
+    if list(columns[:len(have)]) == have:
+        # Rows a version appended under an older, shorter header carry their newer cells past its
+        # end (csv keeps them under the key None); they belong to the columns that follow it.
+        for row in rows:
+            row.update(zip(columns[len(have):], row.pop(None, [])))
+    widened = list(columns) + [c for c in have if c not in columns]
+    tmp = csv_path + ".widen"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, widened, restval=EMPTY, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, csv_path)
+    return widened

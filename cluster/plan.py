@@ -19,6 +19,7 @@ from absl import flags
 
 from cluster import hosts as hosts_lib
 from cluster import workers_csv
+from tools.files import write_json
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cluster/ lives in the repository
 
@@ -320,9 +321,6 @@ def write_cluster_json(plan, hosts_labels):
                      "command": shlex.join(w.argv)} for w in plan.windows],
     }
     os.makedirs(os.path.join(plan.logdir, "logs"), exist_ok=True)
-    tmp = os.path.join(plan.logdir, "cluster.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, os.path.join(plan.logdir, "cluster.json"))
+    write_json(os.path.join(plan.logdir, "cluster.json"), doc, indent=2)
 
 

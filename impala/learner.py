@@ -7,6 +7,8 @@ batch, as in scalable_agent). The loop around it is training.py.
 
 Rank 0 alone writes checkpoints.
 """
+import glob
+import json
 import os
 
 import numpy as np
@@ -19,6 +21,7 @@ from impala import loss as loss_lib
 from impala import replay as replay_lib
 from impala import replay_files
 from impala.batches import minibatch, step_fields, step_minibatch, to_time_major
+from tools.files import write_json
 
 try:  # Horovod is optional for a single learner
     import horovod.tensorflow as hvd
@@ -27,6 +30,7 @@ except ImportError:  # pragma: no cover - install.sh always installs it
 
 
 KEEP_CHECKPOINTS = 3  # the newest ones; an unreadable newest falls back to the next
+EPISODES_SUFFIX = ".episodes.json"  # beside a checkpoint's prefix: the chief's recent episodes
 
 
 def make_optimizer(flags, learning_rate, variables):
@@ -81,6 +85,10 @@ class Learner:
                                         update_step=self.update_step)
         self.ckpt_dir = os.path.join(logdir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=KEEP_CHECKPOINTS)
+        # The chief's episode statistics ride beside each checkpoint as <prefix>.episodes.json (a
+        # file, not checkpoint variables, so checkpoints written before them still restore):
+        # `episode_record` gives them to save(), `restored_episodes` holds what restore() found.
+        self.episode_record, self.restored_episodes = None, None
         # autograph=False: nothing here branches on tensors, and autograph's conversion of every
         # function the update calls was most of CartPole's 4 s trace (bench/results/<machine>/startup.md).
         self._train_step = tf.function(self._step, autograph=False)
@@ -296,6 +304,9 @@ class Learner:
                   % (self.rank, self.flags.learning_rate, saved_rate), flush=True)
         if self.mixer is not None:
             replay_files.load(self.mixer, prefix, self.rank, fields=self.spec.names)
+        if self.is_chief and os.path.exists(prefix + EPISODES_SUFFIX):
+            with open(prefix + EPISODES_SUFFIX) as f:
+                self.restored_episodes = json.load(f)
         return prefix
 
     def save(self):
@@ -306,11 +317,19 @@ class Learner:
         if self.mixer is not None:  # first: a checkpoint never lacks the replay state it names
             replay_files.save(self.mixer, self.ckpt_dir, step, self.rank, self.flags.checkpoint_replay,
                               KEEP_CHECKPOINTS)
-        if self.is_chief:
-            # CheckpointManager writes data files first and then atomically
-            # replaces the `checkpoint` index, so a torn write is never newest.
-            return self.manager.save(checkpoint_number=step)
-        return None
+        if not self.is_chief:
+            return None
+        if self.episode_record is not None:  # before the index names the checkpoint, as the replay files
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+            write_json(os.path.join(self.ckpt_dir, "ckpt-%d" % step) + EPISODES_SUFFIX, self.episode_record())
+        # CheckpointManager writes data files first and then atomically
+        # replaces the `checkpoint` index, so a torn write is never newest.
+        prefix = self.manager.save(checkpoint_number=step)
+        kept = set(self.manager.checkpoints)
+        for path in glob.glob(os.path.join(self.ckpt_dir, "ckpt-*" + EPISODES_SUFFIX)):
+            if path[:-len(EPISODES_SUFFIX)] not in kept:
+                os.remove(path)
+        return prefix
 
     def flat_weights(self):
         return agent_lib.published_weights(self.agent)

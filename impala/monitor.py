@@ -11,10 +11,13 @@ from impala.telemetry import Telemetry, verdict
 from impala.timings import Timings
 from tools.runlog import RunLog
 
-# mean_return_100 comes last: a run folder from before it keeps its header, and its resumed rows
-# only add a cell at the end.
+# New columns go at the end: a resumed run folder's metrics.csv is widened to them (tools.runlog).
+# The figures after `bottleneck` tell a run that stalls from one that learns (docs/training.md):
+# how many published versions old the actors' weights were, the value loss, the mean importance
+# ratio and the rate the step used.
 METRICS_COLUMNS = ("time_s", "frames", "updates", "fps", "mean_return_20", "episodes", "queue_fill",
-                   "total_loss", "entropy", "grad_norm", "mean_return_100", "bottleneck")
+                   "total_loss", "entropy", "grad_norm", "mean_return_100", "bottleneck", "policy_lag",
+                   "baseline_loss", "mean_rho", "learning_rate")
 # TensorBoard tags of the figures outside the update's own (those go under losses/).
 METRICS_TAGS = {"mean_return_20": "charts/episode_return_mean20", "learning_rate": "charts/learning_rate",
                 "fps": "perf/frames_per_second", "queue_fill": "perf/queue_fill", "policy_lag": "perf/policy_lag",
@@ -52,6 +55,17 @@ class Stats:
         self.env_crashes += int(batch["env_crashes"].sum())
         self.actor_unrolls += len(batch["actor_id"])
         self.lag.extend((version - batch["policy_version"]).tolist())
+
+    def record(self):
+        """What a checkpoint keeps of the episodes (Learner.save), so that a resumed run's mean
+        returns and counts go on from where it stopped instead of from its first new game."""
+        return {"returns": list(self.returns), "lengths": list(self.lengths), "episodes": self.episodes,
+                "env_crashes": self.env_crashes}
+
+    def resume(self, record):
+        self.returns.extend(record["returns"])
+        self.lengths.extend(record["lengths"])
+        self.episodes, self.env_crashes = int(record["episodes"]), int(record["env_crashes"])
 
     def mean_return(self, n=20):
         if not self.returns:

@@ -6,7 +6,6 @@ and `hosts/<host>/...`, to <logdir>/telemetry/rank<r>.csv (one row per worker an
 Every rank writes its own files, so ranks need no collective at log time.
 """
 import collections
-import json
 import os
 import shutil
 import socket
@@ -17,6 +16,7 @@ import time
 import numpy as np
 import psutil
 
+from tools.files import write_json
 from tools.runlog import RunLog
 
 HOST_BYTES = 32  # the host name's room in an unroll (longer names are cut)
@@ -171,10 +171,7 @@ class Telemetry:
         self.tensorboard(frames, rows, hosts)
         snapshot = {"time": now, "frames": frames, "rank": self.rank, "bottleneck": said, "workers": rows,
                     "hosts": hosts}
-        tmp = os.path.join(self.dir, "rank%d.json.tmp" % self.rank)
-        with open(tmp, "w") as f:
-            json.dump(snapshot, f, indent=1, default=float)
-        os.replace(tmp, os.path.join(self.dir, "rank%d.json" % self.rank))
+        write_json(os.path.join(self.dir, "rank%d.json" % self.rank), snapshot, indent=1, default=float)
         return said
 
     def host_rows(self, rows):

@@ -236,6 +236,9 @@ def train(flags, logdir, learner_address, num_actors, rank=0, size=1, log=print,
     learner, tp = start_learner(flags, logdir, learner_address, num_actors, rank, size, log)
     monitor = Monitor(flags, logdir, rank, num_actors, actor_ids, learner.is_chief, log,
                       frames_per_unroll=learner.frames_per_unroll)
+    if learner.restored_episodes is not None:
+        monitor.stats.resume(learner.restored_episodes)
+    learner.episode_record = monitor.stats.record
     t0 = time.time()
     learner.warm_up()  # while the actors start up
     log("[learner %d] update traced in %.1f s" % (rank, time.time() - t0))

@@ -159,7 +159,10 @@ def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     stopped_at = summary["frames"]
     assert stopped_at >= 40000
     assert glob.glob(os.path.join(logdir, "checkpoints", "ckpt-*.index"))
-    returns_before = summary["mean_return_20"]
+    returns_before, episodes_before = summary["mean_return_20"], summary["episodes"]
+    newest = open(os.path.join(logdir, "checkpoints", "checkpoint")).read().split('"')[1]
+    saved = json.load(open(os.path.join(logdir, "checkpoints", newest + ".episodes.json")))
+    assert saved["episodes"] == episodes_before and len(saved["returns"]) == min(100, episodes_before)
 
     # Resume: the frame counter continues from the checkpoint.
     c2 = LocalCluster(2, base, ["--mode=train_w_load", "--load_model_url=" + logdir,
@@ -177,6 +180,11 @@ def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     assert summary2["frames"] >= stopped_at + 20000
     # First returns after resume are in line with those before (not back to random ~22).
     assert summary2["mean_return_20"] >= 0.5 * returns_before, (returns_before, summary2)
+    # The episode statistics go on from the checkpoint's: the resumed run's first row counts the
+    # games before the stop and averages over them (it does not start from its first new game).
+    rows = [r for r in csv.DictReader(open(os.path.join(logdir, "metrics.csv"))) if int(r["frames"]) > stopped_at]
+    assert int(rows[0]["episodes"]) >= episodes_before, (episodes_before, rows[0])
+    assert summary2["episodes"] > episodes_before
 
     r = _run_experiment(["--mode=test", "--load_model_url=" + logdir, "--test_num_episodes=3", "--render"])
     assert r.returncode == 0, r.stderr

@@ -2,6 +2,7 @@
 training loop on a real transport server in this process."""
 import collections
 import json
+import math
 import os
 import signal
 import subprocess
@@ -675,8 +676,13 @@ def test_train_reaches_the_frame_budget_exactly(tmp_path, monkeypatch, prefetch)
     with open(tmp_path / "run" / "metrics.csv") as fh:
         rows = fh.read().splitlines()
     assert rows[0] == ("time_s,frames,updates,fps,mean_return_20,episodes,queue_fill,"
-                       "total_loss,entropy,grad_norm,mean_return_100,bottleneck")
-    assert rows[-1].split(",")[-1] in ("actors", "learner")
+                       "total_loss,entropy,grad_norm,mean_return_100,bottleneck,policy_lag,"
+                       "baseline_loss,mean_rho,learning_rate")
+    last = dict(zip(rows[0].split(","), rows[-1].split(",")))
+    assert last["bottleneck"] in ("actors", "learner")
+    # This test's unrolls carry made-up policy versions, so the lag is only checked to be a number.
+    assert math.isfinite(float(last["policy_lag"])) and float(last["baseline_loss"]) >= 0
+    assert float(last["learning_rate"]) > 0
     assert len(rows) == 1 + 6 and rows[-1].split(",")[1:3] == [str(6 * 4 * _FPU), "6"]
     assert any("final weights sha256" in line for line in lines)
     assert os.path.exists(summary["checkpoint"] + ".index")

@@ -4,6 +4,8 @@ import json
 import os
 import re
 
+from tools.files import write_json
+
 
 def parse_hidden(text):
     """--hidden "256,256" -> (256, 256); "" -> None (WALL-E's widths from --hid_mult)."""
@@ -36,10 +38,7 @@ def run_folder(url):
 
 
 def save_flags(logdir, args):
-    path = os.path.join(logdir, FLAGS_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(vars(args), f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    write_json(os.path.join(logdir, FLAGS_FILE), vars(args), indent=1, sort_keys=True)
 
 
 def load_flags(url):

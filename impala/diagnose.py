@@ -92,7 +92,9 @@ def replay_file(flags, path):
     print("inputs:")
     ok = all([describe(k, v) for k, v in sorted(batch.items()) if v.dtype.kind in "fiu"]
              + [describe("weights_before", weights)])
-    learner = learner_lib.Learner(flags, tempfile.mkdtemp(prefix="replay_nonfinite_"))
+    # The learner needs a run folder but this replay never checkpoints: a scratch one, removed at once.
+    with tempfile.TemporaryDirectory(prefix="replay_nonfinite_") as scratch:
+        learner = learner_lib.Learner(flags, scratch)
     published = nets.published_variables(learner.agent)
     agent_lib.make_weight_setter(published)(tf.constant(weights))
     restore_counts(learner.agent, counts, batch)

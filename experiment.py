@@ -27,6 +27,7 @@ from absl import flags
 from absl import logging
 
 from impala import placement
+from tools.files import write_json
 
 # ----------------------------------------------------------------- flags
 flags.DEFINE_string("logdir", None, "Run folder (checkpoints, TensorBoard, metrics). "
@@ -322,10 +323,7 @@ def save_options(logdir):
     opts.update(mode=FLAGS.mode, learner_hosts=FLAGS.learner_hosts, learner_host=FLAGS.learner_host,
                 actor_hosts=FLAGS.actor_hosts,
                 argv=sys.argv)
-    tmp = os.path.join(logdir, "options.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(opts, f, indent=2)
-    os.replace(tmp, os.path.join(logdir, "options.json"))
+    write_json(os.path.join(logdir, "options.json"), opts, indent=2)
 
 
 CONV_AGENTS = ("SimpleConvNetAgent", "ResNetAgent", "ResNetLSTMAgent")

@@ -38,14 +38,21 @@ def decode_host(row):
 
 
 class ProcessProbe:
-    """This process's CPU % since the previous sample (every thread, 100 = one core) and resident MB."""
+    """This process's CPU % (every thread, 100 = one core) and resident MB. The CPU figure spans at
+    least `window_s`: the kernel counts CPU time in 10 ms ticks, so over one short unroll (a CartPole
+    unroll takes a few ms) the delta is often zero ticks and would read 0 %. Between windows the
+    last figure is repeated; before the first window ends it is NaN (not measured yet)."""
 
-    def __init__(self):
-        self.proc = psutil.Process()
+    def __init__(self, window_s=1.0):
+        self.proc, self.window_s = psutil.Process(), window_s
+        self.since, self.cpu = time.monotonic(), float("nan")
         self.proc.cpu_percent(None)  # the first call only starts the clock
 
     def sample(self):
-        return float(self.proc.cpu_percent(None)), self.proc.memory_info().rss / 2 ** 20
+        now = time.monotonic()
+        if now - self.since >= self.window_s:
+            self.cpu, self.since = float(self.proc.cpu_percent(None)), now
+        return self.cpu, self.proc.memory_info().rss / 2 ** 20
 
 
 class GpuProbe:
@@ -129,7 +136,7 @@ class Telemetry:
         self.frames_per_unroll, self.samples_per_update = frames_per_unroll, samples_per_update
         os.makedirs(self.dir, exist_ok=True)
         self.actors = collections.defaultdict(ActorFigures)
-        self.probe, self.gpu = ProcessProbe(), GpuProbe(log_every_s)
+        self.probe, self.gpu = ProcessProbe(window_s=0.0), GpuProbe(log_every_s)  # a period is long enough
         psutil.cpu_percent(None)  # the host's, since the last call
         self.writer = tf.summary.create_file_writer(os.path.join(self.dir, "rank%d" % rank))
         self.rows = RunLog(os.path.join(self.dir, "rank%d.csv" % rank), COLUMNS, None)  # TensorBoard: tensorboard()

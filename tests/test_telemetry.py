@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import socket
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -65,3 +66,17 @@ def test_host_names_travel_in_a_fixed_field():
     assert telemetry.decode_host(telemetry.encode_host("x" * 80)) == "x" * telemetry.HOST_BYTES
     assert telemetry.decode_host(np.zeros(telemetry.HOST_BYTES, np.uint8)) == "?"
     assert telemetry.verdict(0.5) == "actors" and telemetry.verdict(0.1) == "learner"
+
+
+def test_an_actor_cpu_figure_spans_a_window_not_one_short_unroll():
+    probe = telemetry.ProcessProbe(window_s=0.3)
+    cpu, rss = probe.sample()
+    assert cpu != cpu and rss > 50  # no window has ended yet: not measured, not 0 %
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:  # busy, as an actor stepping envs is
+        pass
+    busy, _ = probe.sample()
+    assert busy > 50, busy
+    # Samples a few ms apart (short unrolls) repeat the window's figure; the kernel's 10 ms ticks
+    # would read most of them as 0 %.
+    assert [probe.sample()[0] for _ in range(20)] == [busy] * 20

@@ -62,11 +62,14 @@ def main():
     os.makedirs(a.out, exist_ok=True)
 
     # Defaults, then --extra's flagfiles (a recipe), then this run's own settings, then the other --extra.
+    # The queue's size is a default, not this run's setting: it sets the actors' policy lag, which
+    # a recipe chooses (configs/pong.flags keeps it at one batch).
     flagfiles = [e for e in a.extra if e.startswith("--flagfile=")]
-    flags = ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40"] + flagfiles + [
+    flags = ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40",
+             "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor)] + flagfiles + [
         "--level_name=" + a.level, "--agent_name=SimpleConvNetAgent"] + common.cluster_flags(a) + [
-        "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor), "--total_environment_frames=%d" % a.frames,
-        "--log_every_s=10", "--seed=%d" % a.seed] + [e for e in a.extra if e not in flagfiles]
+        "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed] + [
+        e for e in a.extra if e not in flagfiles]
     # The frame size the run will use: the last --width/--height of its flags as absl reads them.
     given = expand_flagfiles(flags)
     screen = tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))

@@ -111,7 +111,8 @@ def summarise(level, seed, logdir, ceiling_fps):
         return float(score[i]) if frames[-1] >= m and i >= 0 else float("nan")
     fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
     extra = common.read_json(os.path.join(logdir, "extra_flags.json"), [])
-    return {"game": short(level), "seed": seed, "frames": int(frames[-1]), "return_last100": float(score[-1]),
+    budget = common.read_json(os.path.join(logdir, "options.json"), {}).get("total_environment_frames")
+    return {"budget": budget, "game": short(level), "seed": seed, "frames": int(frames[-1]), "return_last100": float(score[-1]),
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
@@ -228,18 +229,22 @@ def suite(a, out):
             "Score: mean of the last 100 whole-game training returns. HNS: human-normalised score. Published "
             "figures: ../shared/anchors.md (CleanRL's docs). Training time counts from the learner being ready; "
             "a resumed run's time leaves out the stop.", ""] + table(runs, a.frames) + [
-        "", "Command: `%s`" % command("atari", a, runs)]
+        "", command("atari", a, runs)]
 
 
 def command(suite, a, runs):
-    """The suite's command line for these runs: the one given or, where it only rebuilt the table
-    (no --games), the games, seeds and flags after the recipe that the run folders hold."""
-    games, seeds, extra = a.games, a.seeds, a.recipe_extra
-    if not games:
-        games = sorted({"%sNoFrameskip-v4" % r["game"] for r in runs})
-        seeds = sorted({r["seed"] for r in runs})
-        extras = {tuple(f for f in r["extra"] if not f.startswith("--replay_parameters=")) for r in runs}
-        extra = list(extras.pop()) if len(extras) == 1 else []
-    return ".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s" % (
-        suite, " ".join(games), a.frames, " ".join(map(str, seeds)),
+    """The table's "Command:" line: the command lines that made its runs, one per frame budget and
+    recipe flags, since the table holds every run folder there, not only those this invocation ran."""
+    groups = {}
+    for r in runs:
+        extra = tuple(f for f in r["extra"] if not f.startswith("--replay_parameters="))
+        games, seeds = groups.setdefault((r["budget"] or a.frames, extra), (set(), set()))
+        games.add("%sNoFrameskip-v4" % r["game"])
+        seeds.add(r["seed"])
+    if not groups:
+        groups[(a.frames, tuple(a.recipe_extra))] = (set(a.games), set(a.seeds))
+    lines = [".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s" % (
+        suite, " ".join(sorted(games)), frames, " ".join(map(str, sorted(seeds))),
         " --recipe_extra='%s'" % " ".join(extra) if extra else "")
+        for (frames, extra), (games, seeds) in sorted(groups.items())]
+    return "Command%s: %s" % ("s" if len(lines) > 1 else "", "; ".join("`%s`" % line for line in lines))

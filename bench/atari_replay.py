@@ -144,4 +144,4 @@ def suite(a, out):
                 "; ".join("**%s** %s" % (k, v[0]) for k, v in VARIANTS.items()), CAPACITY), ""] + table(runs) + [
         ""] + [verdict(game, [r for r in runs if r["game"] == game]) for game in games] + [
         "", "Figures: %s" % ", ".join("[atari_replay_%s.png](atari_replay_%s.png)" % (g, g) for g in games),
-        "", "Command: `%s`" % atari.command("atari_replay", a, runs)]
+        "", atari.command("atari_replay", a, runs)]

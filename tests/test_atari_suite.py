@@ -54,6 +54,26 @@ def test_summary_reads_milestones_and_continues_a_resumed_clock(tmp_path):
     assert "%.2f / %.2f" % (hns, (388.9 - 1.7) / (30.5 - 1.7)) in lines[2]
 
 
+def test_the_command_line_names_every_run_in_the_table_with_its_budget(tmp_path):
+    """The table holds every run folder, so its command lines come from them, not from the
+    invocation that only ran one game: one line per frame budget and recipe flags."""
+    runs = []
+    for game, seed, budget in (("Breakout", 1, 40_000_000), ("Qbert", 1, 40_000_000), ("Pong", 1, 10_000_000)):
+        d = str(tmp_path / ("%s_s%d" % (game, seed)))
+        _metrics(d, [dict(time_s=10, frames=1000, updates=1, mean_return_20=0.0, mean_return_100=0.0)])
+        json.dump({"total_environment_frames": budget}, open(os.path.join(d, "options.json"), "w"))
+        json.dump(["--compute_dtype=float32"], open(os.path.join(d, "extra_flags.json"), "w"))
+        runs.append(atari.summarise("%sNoFrameskip-v4" % game, seed, d, None))
+    invoked = type("Args", (), {"games": ["QbertNoFrameskip-v4"], "seeds": [1], "frames": 40_000_000,
+                                "recipe_extra": ["--compute_dtype=float32"]})
+    line = atari.command("atari", invoked, runs)
+    run = ".venv/bin/python bench/run.py atari --games "
+    assert line == ("Commands: `%sPongNoFrameskip-v4 --frames 10000000 --seeds 1 --recipe_extra='--compute_dtype=float32'`; "
+                    "`%sBreakoutNoFrameskip-v4 QbertNoFrameskip-v4 --frames 40000000 --seeds 1 "
+                    "--recipe_extra='--compute_dtype=float32'`" % (run, run)), line
+    assert atari.command("atari", invoked, []).startswith("Command: `%sQbertNoFrameskip-v4 --frames 40000000" % run)
+
+
 def test_recipe_is_one_file_for_every_game():
     flags = [ln for ln in open(os.path.join(ROOT, atari.RECIPE)) if ln.startswith("--")]
     assert flags and not any(ln.startswith(("--level_name", "--seed")) for ln in flags)

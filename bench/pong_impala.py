@@ -8,8 +8,9 @@ Phase 1 (ceiling): the physical limit of the cores at the run's frame size
 (bench/ceiling.py: Python processes and ale-py's native vector env, random actions,
 --ceiling_s seconds each; the higher one counts).
 Phase 2 (training): 1 learner + `--actors` actor processes until --frames.
-Writes bench/results/pong_impala.{csv,md,png}: the learning curve (frames,
-seconds, fps, mean return of the last 20 games) and the ratio of median
+Writes bench/results/pong_impala.{csv,md,png}: the learning curve (every column
+of the run's metrics.csv: frames, seconds, fps, mean returns, entropy, policy lag,
+losses, gradient norm) and the ratio of median
 end-to-end training fps to the ceiling, with the learner's own report of where
 time went (the bottleneck). With --stop_at_return R the run stops at the first
 progress line whose mean return of the last 20 games is >= R and reports the
@@ -112,11 +113,13 @@ def main():
     median_fps = fps[len(fps) // 2]
     ratio = median_fps / ceiling_fps
 
+    # Every column of metrics.csv, so a run that stalls can be read afterwards (entropy, policy lag,
+    # value loss, gradient norm, mean ratio) without its run folder, which is a temporary one.
     with open(os.path.join(a.out, a.tag + ".csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["time_s", "frames", "fps", "mean_return_20", "episodes", "entropy"])
-        for r in rows:
-            w.writerow([r["time_s"], r["frames"], r["fps"], r["mean_return_20"], r["episodes"], r["entropy"]])
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lags = sorted(float(r["policy_lag"]) for r in rows if r.get("policy_lag"))
     tb = summary["time_breakdown"]
     lines = [
         "# %s, IMPALA SimpleConvNetAgent, 1 learner + %d actors x %d envs (2-core CPU)" % (
@@ -137,7 +140,9 @@ def main():
             100 * tb["learner_wait_s"] / tb["elapsed_s"]),
         "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
-        "| bottleneck | %s |" % tb["bottleneck"], ""] + (
+        "| bottleneck | %s |" % tb["bottleneck"]] + (
+        ["| actors' policy lag, median of the rows (weight versions behind the learner) | %.1f |" % lags[len(lags) // 2]]
+        if lags else []) + [""] + (
         ["Stopped by Ctrl-C at %d of %d frames." % (summary["frames"], a.frames), ""] if interrupted else []) + [
         "Command: `.venv/bin/python bench/pong_impala.py %s--frames %d --actors %d --envs_per_actor %d "
         "--batch_size %d --unroll_length %d --seed %d%s%s`" % (

@@ -112,7 +112,8 @@ def summarise(level, seed, logdir, ceiling_fps):
     fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
     extra = common.read_json(os.path.join(logdir, "extra_flags.json"), [])
     budget = common.read_json(os.path.join(logdir, "options.json"), {}).get("total_environment_frames")
-    return {"budget": budget, "game": short(level), "seed": seed, "frames": int(frames[-1]), "return_last100": float(score[-1]),
+    return {"budget": budget, "game": short(level), "seed": seed, "frames": int(frames[-1]),
+            "return_last100": float(score[-1]),
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),

@@ -141,7 +141,7 @@ def main():
         "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
         "| bottleneck | %s |" % tb["bottleneck"]] + (
-        ["| actors' policy lag, median of the rows (weight versions behind the learner) | %.1f |" % lags[len(lags) // 2]]
+        ["| actors' policy lag, median of the rows (weight versions behind) | %.1f |" % lags[len(lags) // 2]]
         if lags else []) + [""] + (
         ["Stopped by Ctrl-C at %d of %d frames." % (summary["frames"], a.frames), ""] if interrupted else []) + [
         "Command: `.venv/bin/python bench/pong_impala.py %s--frames %d --actors %d --envs_per_actor %d "

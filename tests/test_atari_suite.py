@@ -68,7 +68,8 @@ def test_the_command_line_names_every_run_in_the_table_with_its_budget(tmp_path)
                                 "recipe_extra": ["--compute_dtype=float32"]})
     line = atari.command("atari", invoked, runs)
     run = ".venv/bin/python bench/run.py atari --games "
-    assert line == ("Commands: `%sPongNoFrameskip-v4 --frames 10000000 --seeds 1 --recipe_extra='--compute_dtype=float32'`; "
+    assert line == ("Commands: `%sPongNoFrameskip-v4 --frames 10000000 --seeds 1 "
+                    "--recipe_extra='--compute_dtype=float32'`; "
                     "`%sBreakoutNoFrameskip-v4 QbertNoFrameskip-v4 --frames 40000000 --seeds 1 "
                     "--recipe_extra='--compute_dtype=float32'`" % (run, run)), line
     assert atari.command("atari", invoked, []).startswith("Command: `%sQbertNoFrameskip-v4 --frames 40000000" % run)

@@ -92,24 +92,26 @@ def replay_file(flags, path):
     print("inputs:")
     ok = all([describe(k, v) for k, v in sorted(batch.items()) if v.dtype.kind in "fiu"]
              + [describe("weights_before", weights)])
-    # The learner needs a run folder but this replay never checkpoints: a scratch one, removed at once.
+    # The learner needs a run folder but this replay never checkpoints: a scratch one, kept until the
+    # replay ends (the learner holds paths into it) and removed then.
     with tempfile.TemporaryDirectory(prefix="replay_nonfinite_") as scratch:
         learner = learner_lib.Learner(flags, scratch)
-    published = nets.published_variables(learner.agent)
-    agent_lib.make_weight_setter(published)(tf.constant(weights))
-    restore_counts(learner.agent, counts, batch)
-    print("the weights it met, by variable, and the normalisers' counts:")
-    ok = all([describe(v.name, v) for v in published]) and ok
-    print("the update's stages, in order:")
-    finite, tensors, value_scale = statistics_stage(learner, {k: tf.constant(v) for k, v in batch.items()})
-    with tf.GradientTape() as tape:
-        out, _ = learner.agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
-        loss, stats = loss_lib.compute_losses(out, tensors, flags, value_scale)
-    ok = all([finite, describe("total loss (one full-batch step)", loss)]
-             + [describe("  " + k, stats[k]) for k in sorted(stats)]
-             + [describe("gradient global norm", tf.linalg.global_norm(tape.gradient(loss, learner.variables)))]) and ok
-    print("every stage is finite: the NaN came from a later gradient step or the optimizer's state" if ok else
-          "the first NOT FINITE line above is where the update first went wrong")
+        published = nets.published_variables(learner.agent)
+        agent_lib.make_weight_setter(published)(tf.constant(weights))
+        restore_counts(learner.agent, counts, batch)
+        print("the weights it met, by variable, and the normalisers' counts:")
+        ok = all([describe(v.name, v) for v in published]) and ok
+        print("the update's stages, in order:")
+        finite, tensors, value_scale = statistics_stage(learner, {k: tf.constant(v) for k, v in batch.items()})
+        with tf.GradientTape() as tape:
+            out, _ = learner.agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
+            loss, stats = loss_lib.compute_losses(out, tensors, flags, value_scale)
+        ok = all([finite, describe("total loss (one full-batch step)", loss)]
+                 + [describe("  " + k, stats[k]) for k in sorted(stats)]
+                 + [describe("gradient global norm",
+                             tf.linalg.global_norm(tape.gradient(loss, learner.variables)))]) and ok
+        print("every stage is finite: the NaN came from a later gradient step or the optimizer's state" if ok else
+              "the first NOT FINITE line above is where the update first went wrong")
     return ok
 
 

@@ -11,11 +11,17 @@ count it resumed at (from the learner's log, which the suite appends to) is show
 not run again. Score = the mean of the last 100 whole-game training returns (metrics.csv's
 mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md, atari.csv and one curve
 per game (atari_<Game>.png).
+
+Run folders are not committed (checkpoints are large), so a fresh checkout of the repository has
+the results folder without them. Each run's metrics.csv is therefore copied beside the table
+(atari_<Game>_seed<N>_metrics.csv), and a run whose folder is not here keeps its row, read back
+from atari.csv and that copy, instead of dropping out of the table.
 """
 import csv
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 
@@ -37,7 +43,8 @@ PUBLISHED = {  # game: (baselines PPO, CleanRL PPO, random, human)
     "Pong": (20.4, 20.3, -20.7, 14.6),
 }
 CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
-              "at_40M", "resumed_at", "extra_flags"]
+              "at_40M", "resumed_at", "extra_flags", "budget"]
+KEPT_METRICS = "atari_%s_seed%d_metrics.csv"  # game, seed: the copy of a run's metrics.csv in the results folder
 
 
 def short(level):
@@ -97,14 +104,20 @@ def run_game(a, level, seed, logdir, extra):
     return code
 
 
+def curve(rows):
+    """(frames, training seconds, score) of metrics.csv rows; a resume's clock continues the one before."""
+    frames = np.array([float(r["frames"]) for r in rows])
+    times = plotcurve.stitched(np.array([float(r["time_s"]) for r in rows]))
+    score = np.array([float(r.get("mean_return_100") or r["mean_return_20"]) for r in rows])
+    return frames, times, score
+
+
 def summarise(level, seed, logdir, ceiling_fps):
     """The table's figures of one run folder, or None before its first metrics row."""
     rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
     if not rows:
         return None
-    frames = np.array([float(r["frames"]) for r in rows])
-    times = plotcurve.stitched(np.array([float(r["time_s"]) for r in rows]))
-    score = np.array([float(r.get("mean_return_100") or r["mean_return_20"]) for r in rows])
+    frames, times, score = curve(rows)
 
     def at(m):
         i = np.searchsorted(frames, m, side="right") - 1
@@ -119,6 +132,29 @@ def summarise(level, seed, logdir, ceiling_fps):
             "resumed_at": " ".join(resumed_at(logdir)),
             "updates": int(rows[-1]["updates"]), "extra": extra, "extra_flags": " ".join(extra),
             "curve": (frames, times, score)}
+
+
+def restore(row, metrics_path):
+    """A run's figures from what the results folder keeps of it, for a run whose folder is not here:
+    its CSV row (a table's row, as written) and the copy of its metrics.csv for the curve (None
+    where there is no copy: the run keeps its row but draws no line)."""
+    def number(key):
+        value = row.get(key)
+        return float(value) if value not in (None, "") else float("nan")
+    r = {key: number(key) for key in row if key not in ("game", "variant", "resumed_at", "extra_flags")}
+    r.update({key: row[key] for key in ("game", "variant") if key in row})
+    extra = (row.get("extra_flags") or "").split()
+    rows = common.read_csv(metrics_path)
+    r.update(seed=int(row["seed"]), frames=int(float(row["frames"])), resumed_at=row.get("resumed_at") or "",
+             budget=int(r["budget"]) if np.isfinite(r.get("budget", float("nan"))) else None,
+             fps_ratio=r["fps_ratio"] if np.isfinite(r.get("fps_ratio", float("nan"))) else "",
+             extra=extra, extra_flags=" ".join(extra), curve=curve(rows) if rows else None)
+    return r
+
+
+def keep_metrics(logdir, path):
+    """Copies a run folder's metrics.csv to `path` in the results folder (see the module's doc)."""
+    shutil.copyfile(os.path.join(logdir, "metrics.csv"), path)
 
 
 def resumed_at(logdir):
@@ -179,7 +215,7 @@ def table(runs, frames):
 
 def plot(level, runs, frames, out):
     fig, ax = common.subplots(1, 1, figsize=(6, 4))
-    for r in runs:
+    for r in (r for r in runs if r["curve"] is not None):
         f, _, score = r["curve"]
         ax.plot(f / 1e6, score, label="seed %d" % r["seed"])
         for x in r["resumed_at"].split():
@@ -196,8 +232,31 @@ def plot(level, runs, frames, out):
     common.save_figure(fig, os.path.join(out, "atari_%s.png" % short(level)))
 
 
+def collect(out):
+    """Every run of the table: the run folders under <out>/atari_runs, and the runs of the atari.csv
+    there whose folders are not here (restore), in game and seed order."""
+    runs_root = os.path.join(out, "atari_runs")
+    names = sorted(os.listdir(runs_root)) if os.path.isdir(runs_root) else []
+    kept = {(row["game"], int(row["seed"])): row for row in common.read_csv(os.path.join(out, "atari.csv"))}
+    runs = []
+    for name in names:
+        match = re.fullmatch(r"(\w+)_s(\d+)", name)
+        if match is None:  # not a run folder of the suite's (run_dir): a user's own, left alone
+            continue
+        game, seed = match.group(1), int(match.group(2))
+        logdir = os.path.join(runs_root, name)
+        r = summarise("%sNoFrameskip-v4" % game, seed, logdir,
+                      common.read_json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
+        if r is not None and game in PUBLISHED:
+            keep_metrics(logdir, os.path.join(out, KEPT_METRICS % (game, seed)))
+            kept.pop((game, seed), None)
+            runs.append(r)
+    runs += [restore(row, os.path.join(out, KEPT_METRICS % key)) for key, row in kept.items() if key[0] in PUBLISHED]
+    return sorted(runs, key=lambda r: (r["game"], r["seed"]))
+
+
 def suite(a, out):
-    """Runs (or resumes) each game and seed to a.frames, then the table of every run folder there."""
+    """Runs (or resumes) each game and seed to a.frames, then the table of every run there (collect)."""
     for level in a.games:
         for seed in a.seeds:
             logdir = run_dir(out, level, seed)
@@ -206,20 +265,8 @@ def suite(a, out):
             code = run_game(a, level, seed, logdir, extra)
             if code not in (None, 0):
                 print("[atari] %s seed %d: the learner exited with %s" % (short(level), seed, code), flush=True)
-    runs_root = os.path.join(out, "atari_runs")
-    names = sorted(os.listdir(runs_root)) if os.path.isdir(runs_root) else []
-    runs, csv_rows = [], []
-    for name in names:
-        match = re.fullmatch(r"(\w+)_s(\d+)", name)
-        if match is None:  # not a run folder of the suite's (run_dir): a user's own, left alone
-            continue
-        game, seed = match.groups()
-        level = "%sNoFrameskip-v4" % game
-        logdir = os.path.join(runs_root, name)
-        r = summarise(level, int(seed), logdir, common.read_json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
-        if r is not None and game in PUBLISHED:
-            runs.append(r)
-            csv_rows.append({k: r[k] for k in CSV_FIELDS})
+    runs = collect(out)
+    csv_rows = [{k: r[k] for k in CSV_FIELDS} for r in runs]
     with open(os.path.join(out, "atari.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, CSV_FIELDS)
         w.writeheader()

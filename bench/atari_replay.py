@@ -13,7 +13,9 @@ the stored and the current policy's logits, lambda_batch_multiplier 6, alfa_anne
 
 Each run lives in <out>/replay_runs/<Game>_<variant>_s<seed>/ and is started, resumed when cut off,
 or left alone when done, as the Atari suite's runs are (bench/atari.py). Writes <out>/atari_replay.md,
-atari_replay.csv and one figure per game with every variant's curve (atari_replay_<Game>.png).
+atari_replay.csv and one figure per game with every variant's curve (atari_replay_<Game>.png), and
+keeps each run's metrics.csv beside them, so that runs made in other checkouts stay in the table
+(atari_replay_<Game>_<variant>_seed<N>_metrics.csv; bench/atari.py's doc says why).
 """
 import csv
 import json
@@ -36,7 +38,8 @@ VARIANTS = {  # name: (what it is, --replay_parameters)
                             "lambda_batch_multiplier": 6, "alfa_annealing_factor": 2.0}]),
 }
 CSV_FIELDS = ["game", "variant", "seed", "frames", "return_last100", "best_last100", "train_seconds", "fps",
-              "learner_samples_per_s", "resumed_at"]
+              "learner_samples_per_s", "resumed_at", "extra_flags", "budget"]
+KEPT_METRICS = "atari_replay_%s_%s_seed%d_metrics.csv"  # game, variant, seed (bench/atari.py's module doc)
 
 
 def run_dir(out, level, variant, seed):
@@ -52,7 +55,8 @@ def summarise(logdir, game, variant, seed):
     samples = r["updates"] * options.get("batch_size", 32) * options.get("unroll_length", 32)
     _, _, score = r["curve"]
     r.update(variant=variant, best_last100=float(np.nanmax(score)),
-             learner_samples_per_s=samples / r["train_seconds"] if r["train_seconds"] > 0 else float("nan"))
+             learner_samples_per_s=samples / r["train_seconds"] if r["train_seconds"] > 0 else float("nan"),
+             extra_flags=" ".join(f for f in r["extra"] if not f.startswith("--replay_parameters=")))
     return r
 
 
@@ -90,7 +94,7 @@ def table(runs):
 
 def plot(game, runs, frames, out):
     fig, ax = common.subplots(1, 1, figsize=(6, 4))
-    for r in runs:
+    for r in (r for r in runs if r["curve"] is not None):
         f, _, score = r["curve"]
         ax.plot(f / 1e6, score, color="C%d" % list(VARIANTS).index(r["variant"]),
                 ls=["-", "--", ":", "-."][(r["seed"] - 1) % 4], label="%s, seed %d" % (r["variant"], r["seed"]))
@@ -104,21 +108,29 @@ def plot(game, runs, frames, out):
 
 
 def collect(out):
-    """Every finished or cut-off run folder under <out>/replay_runs, in name order."""
+    """Every run of the table: the run folders under <out>/replay_runs, and the runs of the
+    atari_replay.csv there whose folders are not here (atari.restore), in game, variant and seed order."""
     root = os.path.join(out, "replay_runs")
+    kept = {(row["game"], row["variant"], int(row["seed"])): row
+            for row in common.read_csv(os.path.join(out, "atari_replay.csv"))}
     runs = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         match = re.fullmatch(r"(\w+?)_(%s)_s(\d+)" % "|".join(VARIANTS), name)
         if match is None:  # not a run folder of this suite's (run_dir): left alone
             continue
-        r = summarise(os.path.join(root, name), match.group(1), match.group(2), int(match.group(3)))
+        key = (match.group(1), match.group(2), int(match.group(3)))
+        r = summarise(os.path.join(root, name), *key)
         if r is not None:
+            atari.keep_metrics(os.path.join(root, name), os.path.join(out, KEPT_METRICS % key))
+            kept.pop(key, None)
             runs.append(r)
-    return runs
+    runs += [atari.restore(row, os.path.join(out, KEPT_METRICS % key)) for key, row in kept.items()
+             if key[1] in VARIANTS]
+    return sorted(runs, key=lambda r: (r["game"], list(VARIANTS).index(r["variant"]), r["seed"]))
 
 
 def suite(a, out):
-    """Runs (or resumes) each game, seed and variant to a.frames, then the table of every run folder."""
+    """Runs (or resumes) each game, seed and variant to a.frames, then the table of every run (collect)."""
     for level in a.games:
         for seed in a.seeds:
             for variant, (_, spec) in VARIANTS.items():  # variants in turn within a seed

@@ -4,6 +4,7 @@ tiny run of the three variants through the suite."""
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,13 +30,34 @@ def test_the_table_reads_each_variants_folders_and_leaves_others_alone(tmp_path)
     _run(out, "elite", 1, 30.0, updates=200)
     os.makedirs(os.path.join(out, "replay_runs", "notes_from_a_user"))
     runs = atari_replay.collect(out)
-    assert [(r["game"], r["variant"], r["seed"]) for r in runs] == [("Breakout", "elite", 1), ("Breakout", "queue", 1)]
-    elite = runs[0]
+    assert [(r["game"], r["variant"], r["seed"]) for r in runs] == [("Breakout", "queue", 1), ("Breakout", "elite", 1)]
+    elite = runs[1]
     assert elite["return_last100"] == 30.0 and elite["best_last100"] == 30.0 and elite["train_seconds"] == 100.0
     assert elite["learner_samples_per_s"] == pytest.approx(200 * 32 * 32 / 100.0)
     assert elite["fps"] == pytest.approx(2000.0)
     lines = atari_replay.table(runs)
-    assert lines[2].startswith("| Breakout | elite | 1 | 0.2M | 30.0 | 30.0 | 2 min | 2000 | 2048 |")
+    assert lines[3].startswith("| Breakout | elite | 1 | 0.2M | 30.0 | 30.0 | 2 min | 2000 | 2048 |")
+
+
+def test_runs_made_in_another_checkout_stay_in_the_table(tmp_path):
+    """Without its run folders (a fresh checkout) the table is rebuilt from atari_replay.csv and the
+    metrics copies kept beside it: the same rows, the same curves, the same verdict."""
+    out = str(tmp_path)
+    for seed, finals in ((1, (10.0, 20.0, 30.0)), (2, (12.0, 25.0, 28.0))):
+        for variant, final in zip(("queue", "standard", "elite"), finals):
+            d = _run(out, variant, seed, final)
+            json.dump(["--replay_parameters=[{\"type\": \"queue\"}]"], open(os.path.join(d, "extra_flags.json"), "w"))
+    before = atari_replay.collect(out)
+    with open(os.path.join(out, "atari_replay.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, atari_replay.CSV_FIELDS)
+        w.writeheader()
+        w.writerows({k: r[k] for k in atari_replay.CSV_FIELDS} for r in before)
+    shutil.rmtree(os.path.join(out, "replay_runs"))
+    after = atari_replay.collect(out)
+    assert atari_replay.table(after) == atari_replay.table(before)
+    assert atari_replay.verdict("Breakout", after) == atari_replay.verdict("Breakout", before)
+    assert all(list(a["curve"][2]) == list(b["curve"][2]) for a, b in zip(after, before))
+    assert all(r["extra"] == [] for r in after)  # the variant, not the flag, names the replay settings
 
 
 def test_the_verdict_needs_two_seeds_and_names_the_spread(tmp_path):

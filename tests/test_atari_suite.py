@@ -4,6 +4,7 @@ resumed by the suite."""
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -135,3 +136,42 @@ def test_machine_json_keeps_the_peers_it_does_not_measure_again(tmp_path, monkey
     saved = json.load(open(tmp_path / "machine.json"))
     assert saved == info and saved["sb3_peer"] == {"torch": "2.13.0+cpu"} and saved["date"] != "then"
     assert saved["ours"] == {"python": "x"}
+
+
+def test_a_run_whose_folder_is_not_here_keeps_its_row_and_curve(tmp_path):
+    """Run folders are not committed: a fresh checkout has atari.csv and the kept metrics copies only.
+    The table then keeps those runs (figures and curve as written) beside the run folders it has, and
+    a run folder that is here replaces its kept row and refreshes its metrics copy."""
+    out = str(tmp_path)
+    rows = [dict(time_s=t, frames=f, updates=f // 1024, mean_return_20=1.0, mean_return_100=s) for t, f, s in [
+        (100, 10_000_000, 12.0), (200, 20_000_000, 20.0), (400, 40_000_000, 30.0)]]
+    done = atari.run_dir(out, "BreakoutNoFrameskip-v4", 1)
+    _metrics(done, rows)
+    json.dump({"total_environment_frames": 40_000_000}, open(os.path.join(done, "options.json"), "w"))
+    json.dump(["--compute_dtype=float32"], open(os.path.join(done, "extra_flags.json"), "w"))
+    json.dump({"limit": 20000.0}, open(os.path.join(done, "ceiling.json"), "w"))
+    first = atari.collect(out)
+    with open(os.path.join(out, "atari.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, atari.CSV_FIELDS)
+        w.writeheader()
+        w.writerows([{k: r[k] for k in atari.CSV_FIELDS} for r in first]
+                     + [dict(game="Pong", seed=1, frames=10_002_432, return_last100=20.71, train_seconds=2458.9,
+                             fps=4067.8, fps_ratio="", at_10M=20.73, at_20M="nan", at_40M="nan", resumed_at="",
+                             extra_flags="", budget="")])
+    assert os.path.exists(os.path.join(out, atari.KEPT_METRICS % ("Breakout", 1)))
+    shutil.rmtree(os.path.join(out, "atari_runs"))  # a fresh checkout
+    runs = atari.collect(out)
+    assert [(r["game"], r["seed"]) for r in runs] == [("Breakout", 1), ("Pong", 1)]
+    breakout, pong = runs
+    assert breakout["return_last100"] == 30.0 and breakout["budget"] == 40_000_000
+    assert breakout["extra"] == ["--compute_dtype=float32"] and breakout["fps_ratio"] == pytest.approx(5.0)
+    assert list(breakout["curve"][0]) == [10e6, 20e6, 40e6] and pong["curve"] is None and pong["budget"] is None
+    lines = atari.table(runs, 40_000_000)
+    assert lines[2] == atari.table(first, 40_000_000)[2]
+    assert "| Pong | 1 | 10.0M | 21 | - | - |" in lines[3] and "| 4068 (-) |" in lines[3]
+    atari.plot("BreakoutNoFrameskip-v4", [breakout], 40_000_000, out)
+    atari.plot("PongNoFrameskip-v4", [pong], 40_000_000, out)
+    _metrics(atari.run_dir(out, "PongNoFrameskip-v4", 1), rows[:1])  # the folder is here again: it wins
+    pong_again = [r for r in atari.collect(out) if r["game"] == "Pong"]
+    assert len(pong_again) == 1 and pong_again[0]["return_last100"] == 12.0
+    assert os.path.exists(os.path.join(out, atari.KEPT_METRICS % ("Pong", 1)))

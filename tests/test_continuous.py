@@ -134,3 +134,27 @@ def test_two_ranks_with_replay_and_the_evaluator_hold_the_same_weights_and_resum
            num_actors=1)
     assert "resumed from" in _log(logdir) and "at %d frames" % frames in _log(logdir)
     assert _summary(logdir)["frames"] >= 50000
+
+
+def test_the_log_std_floor_holds_what_actors_sample_and_the_learner_reads():
+    """--min_log_std: the head's parameters carry the floored log-std (so behaviour and learner
+    read one distribution), the floor stops its gradient, and a floor out of range is refused."""
+    def log_std_and_gradient(initial):
+        agent = nets.make_agent("MLPAgent", distributions.make(action_dim=2, initial_log_std=initial,
+                                                               min_log_std=-3.0))
+        with tf.GradientTape() as tape:
+            out, _ = agent(tf.zeros([5, 3]), tf.ones([5], bool), ())
+            total = tf.reduce_sum(out.policy_logits[:, 2:])
+        variable = [v for v in agent.trainable_variables if "log_std" in v.name][0]
+        gradient = tape.gradient(total, variable)
+        return out.policy_logits.numpy()[:, 2:], variable.numpy(), 0 * variable if gradient is None else gradient
+    params, variable, gradient = log_std_and_gradient(-4.0)  # starts under the floor
+    np.testing.assert_array_equal(params, -3.0)
+    np.testing.assert_array_equal(variable, -4.0)
+    np.testing.assert_array_equal(gradient, 0.0)
+    params, _, gradient = log_std_and_gradient(-2.0)
+    np.testing.assert_array_equal(params, -2.0)
+    np.testing.assert_array_equal(gradient, 5.0)  # one per step of the batch
+    for floor in (-6.0, 2.0):
+        with pytest.raises(ValueError, match="--min_log_std"):
+            distributions.make(action_dim=2, min_log_std=floor)

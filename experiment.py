@@ -71,6 +71,9 @@ flags.DEFINE_list("mlp_hidden", ["64", "64"], "Widths of the MLP agents' hidden 
 flags.DEFINE_enum("mlp_activation", "tanh", ["tanh", "relu"], "Nonlinearity of the MLP agents' hidden layers.")
 flags.DEFINE_float("initial_log_std", 0.0, "Continuous actions: where the Gaussian head's log standard deviation "
                    "(one trainable value per action dimension) starts; -2 is rl-baselines3-zoo's for MuJoCo.")
+flags.DEFINE_float("min_log_std", -5.0, "Continuous actions: a floor under that log standard deviation, so that "
+                   "the policy keeps exploring and the actors' older actions stay probable under the learner's "
+                   "policy; -5 (a std of 0.007) only keeps the arithmetic finite.")
 flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor process, batched "
                      "through the policy.")
 
@@ -205,7 +208,7 @@ FLAGS = flags.FLAGS
 
 # Flags that describe the run (saved to options.json, restored by train_w_load).
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "mlp_hidden",
-             "mlp_activation", "initial_log_std", "envs_per_actor",
+             "mlp_activation", "initial_log_std", "min_log_std", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
              "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",

@@ -181,7 +181,9 @@ class PolicyValueHeads(snt.Module):
     number of discrete actions (logits) or a distributions.DiagGaussian, whose means are linear
     in the features and whose log standard deviations are one trainable vector, the same in
     every state (as SB3's and CleanRL's PPO for MuJoCo), starting at the distribution's
-    initial_log_std (--initial_log_std)."""
+    initial_log_std (--initial_log_std). The head's parameters carry the log-std with the
+    distribution's floor applied (--min_log_std), so the actors sample, and the learner reads
+    back, one and the same distribution; under the floor the log-std gets no gradient."""
 
     def __init__(self, actions, name="heads"):
         super().__init__(name=name)
@@ -200,7 +202,8 @@ class PolicyValueHeads(snt.Module):
     def __call__(self, features, value_features=None):  # features [N, F]
         params = self._policy(features)
         if self._log_std is not None:
-            params = tf.concat([params, tf.broadcast_to(self._log_std, tf.shape(params))], axis=-1)
+            log_std = tf.maximum(self._log_std, self.distribution.min_log_std)
+            params = tf.concat([params, tf.broadcast_to(log_std, tf.shape(params))], axis=-1)
         value_features = features if value_features is None else value_features
         baseline = tf.squeeze(self._baseline(value_features), axis=-1)
         return AgentOutput(self.distribution.sample(params), params, baseline)

@@ -41,9 +41,13 @@ class Categorical:
 class DiagGaussian:
     continuous = True
 
-    def __init__(self, action_dim, initial_log_std=0.0):
+    def __init__(self, action_dim, initial_log_std=0.0, min_log_std=LOG_STD_MIN):
         self.action_dim = int(action_dim)
         self.initial_log_std = float(initial_log_std)  # where the head's log-std vector starts
+        if not LOG_STD_MIN <= min_log_std < LOG_STD_MAX:
+            raise ValueError("--min_log_std=%g: give a floor from %g (a std of 0.007) to below %g"
+                             % (min_log_std, LOG_STD_MIN, LOG_STD_MAX))
+        self.min_log_std = float(min_log_std)  # the head's floor under it (PolicyValueHeads)
         self.param_size = 2 * self.action_dim
         self.action_shape, self.action_dtype = (self.action_dim,), tf.float32
 
@@ -69,14 +73,14 @@ class DiagGaussian:
         return tf.reduce_sum(log_std, axis=-1) + 0.5 * self.action_dim * math.log(2 * math.pi * math.e)
 
 
-def make(num_actions=None, action_dim=None, initial_log_std=0.0):
+def make(num_actions=None, action_dim=None, initial_log_std=0.0, min_log_std=LOG_STD_MIN):
     """Categorical for a Discrete action space of `num_actions`, DiagGaussian for a 1-D Box of
-    `action_dim` (its log-std starting at `initial_log_std`); an int alone is taken as a number
-    of discrete actions."""
+    `action_dim` (its log-std starting at `initial_log_std`, never below `min_log_std`); an int
+    alone is taken as a number of discrete actions."""
     if action_dim is not None:
         if not isinstance(action_dim, int) or action_dim < 1:
             raise ValueError("a continuous action space needs a positive integer action_dim, got %r" % (action_dim,))
-        return DiagGaussian(action_dim, initial_log_std)
+        return DiagGaussian(action_dim, initial_log_std, min_log_std)
     if isinstance(num_actions, (Categorical, DiagGaussian)):
         return num_actions
     try:

@@ -152,9 +152,16 @@ def restore(row, metrics_path):
     return r
 
 
-def keep_metrics(logdir, path):
-    """Copies a run folder's metrics.csv to `path` in the results folder (see the module's doc)."""
-    shutil.copyfile(os.path.join(logdir, "metrics.csv"), path)
+def with_kept(out, suite_csv, kept_metrics, present, key_of):
+    """The runs of a suite's table (see the module's doc): `present`, (key, run folder, figures) of
+    each run folder here, whose metrics.csv is copied to <out>/kept_metrics % key; then the rows of
+    <out>/suite_csv whose key (key_of(row)) has no folder here, restored from that CSV and copy."""
+    kept = {key_of(row): row for row in common.read_csv(os.path.join(out, suite_csv))}
+    for key, logdir, _ in present:
+        shutil.copyfile(os.path.join(logdir, "metrics.csv"), os.path.join(out, kept_metrics % key))
+        kept.pop(key, None)
+    return [r for _, _, r in present] + [restore(row, os.path.join(out, kept_metrics % key))
+                                         for key, row in kept.items()]
 
 
 def resumed_at(logdir):
@@ -234,11 +241,10 @@ def plot(level, runs, frames, out):
 
 def collect(out):
     """Every run of the table: the run folders under <out>/atari_runs, and the runs of the atari.csv
-    there whose folders are not here (restore), in game and seed order."""
+    there whose folders are not here (with_kept), in game and seed order."""
     runs_root = os.path.join(out, "atari_runs")
     names = sorted(os.listdir(runs_root)) if os.path.isdir(runs_root) else []
-    kept = {(row["game"], int(row["seed"])): row for row in common.read_csv(os.path.join(out, "atari.csv"))}
-    runs = []
+    present = []
     for name in names:
         match = re.fullmatch(r"(\w+)_s(\d+)", name)
         if match is None:  # not a run folder of the suite's (run_dir): a user's own, left alone
@@ -248,11 +254,9 @@ def collect(out):
         r = summarise("%sNoFrameskip-v4" % game, seed, logdir,
                       common.read_json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
         if r is not None and game in PUBLISHED:
-            keep_metrics(logdir, os.path.join(out, KEPT_METRICS % (game, seed)))
-            kept.pop((game, seed), None)
-            runs.append(r)
-    runs += [restore(row, os.path.join(out, KEPT_METRICS % key)) for key, row in kept.items() if key[0] in PUBLISHED]
-    return sorted(runs, key=lambda r: (r["game"], r["seed"]))
+            present.append(((game, seed), logdir, r))
+    runs = with_kept(out, "atari.csv", KEPT_METRICS, present, lambda row: (row["game"], int(row["seed"])))
+    return sorted((r for r in runs if r["game"] in PUBLISHED), key=lambda r: (r["game"], r["seed"]))
 
 
 def suite(a, out):

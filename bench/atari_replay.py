@@ -109,11 +109,9 @@ def plot(game, runs, frames, out):
 
 def collect(out):
     """Every run of the table: the run folders under <out>/replay_runs, and the runs of the
-    atari_replay.csv there whose folders are not here (atari.restore), in game, variant and seed order."""
+    atari_replay.csv there whose folders are not here (atari.with_kept), in game, variant and seed order."""
     root = os.path.join(out, "replay_runs")
-    kept = {(row["game"], row["variant"], int(row["seed"])): row
-            for row in common.read_csv(os.path.join(out, "atari_replay.csv"))}
-    runs = []
+    present = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         match = re.fullmatch(r"(\w+?)_(%s)_s(\d+)" % "|".join(VARIANTS), name)
         if match is None:  # not a run folder of this suite's (run_dir): left alone
@@ -121,12 +119,11 @@ def collect(out):
         key = (match.group(1), match.group(2), int(match.group(3)))
         r = summarise(os.path.join(root, name), *key)
         if r is not None:
-            atari.keep_metrics(os.path.join(root, name), os.path.join(out, KEPT_METRICS % key))
-            kept.pop(key, None)
-            runs.append(r)
-    runs += [atari.restore(row, os.path.join(out, KEPT_METRICS % key)) for key, row in kept.items()
-             if key[1] in VARIANTS]
-    return sorted(runs, key=lambda r: (r["game"], list(VARIANTS).index(r["variant"]), r["seed"]))
+            present.append((key, os.path.join(root, name), r))
+    runs = atari.with_kept(out, "atari_replay.csv", KEPT_METRICS, present,
+                           lambda row: (row["game"], row["variant"], int(row["seed"])))
+    return sorted((r for r in runs if r["variant"] in VARIANTS),
+                  key=lambda r: (r["game"], list(VARIANTS).index(r["variant"]), r["seed"]))
 
 
 def suite(a, out):

@@ -21,6 +21,10 @@ episodes: 20 for IMPALA, whose 16 envs end their 1,000-step episodes together, a
 system's own clock from its training loop's start; the wall column includes start-up). Writes one
 section per task to <out>/mujoco.md, every run to mujoco.csv and every curve to mujoco_curves.csv
 (with a level column), and one figure per task, mujoco_<task>.png.
+
+Run folders are not committed, so a fresh checkout has the results folder without them. A run whose
+folder is not here keeps its row and curve, read back from mujoco.csv and mujoco_curves.csv, instead
+of dropping out of the tables the next invocation writes (a run in a folder here replaces its kept row).
 """
 import collections
 import csv
@@ -61,7 +65,10 @@ TASKS = {"HalfCheetah-v5": Task("HalfCheetah", "configs/mujoco.flags", 5000.0, p
                                 "halfcheetah"),
          "Hopper-v5": Task("Hopper", "configs/hopper.flags", 2000.0, WALLE_HOPPER, "hopper")}
 CSV_FIELDS = ["level", "contender", "seed", "steps", "score", "score_window", "mean_return_100", "best", "steps_to_target",
-              "time_to_target_s", "steps_per_s", "train_s", "wall_s", "exit"]
+              "time_to_target_s", "steps_per_s", "train_s", "wall_s", "exit", "command"]
+# Columns of mujoco.csv that hold whole numbers; the other numbers are read as floats, the rest as text.
+INT_FIELDS = ("seed", "steps", "score_window", "steps_to_target", "exit")
+TEXT_FIELDS = ("level", "contender", "command")
 
 
 def runs_dir(out, level):
@@ -149,7 +156,7 @@ def table(runs, a, level):
         "wall (s) | exit |" % (f"{target:,.0f}", f"{target:,.0f}"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, f="%.0f": f % x if x != "" else "-"
     for r in runs:
-        if r.get("curve") is None:
+        if not r["steps"]:
             lines.append("| %s | %d | 0 | - | - | - | - | - | - | %.0f | %s |" % (
                 r["contender"], r["seed"], r["wall_s"], r["exit"]))
             continue
@@ -159,7 +166,7 @@ def table(runs, a, level):
     lines += ["", "| contender | seeds at %s | time to %s: median (min-max) s | steps to it: median |" % (
         f"{target:,.0f}", f"{target:,.0f}"), "|---|---|---|---|"]
     for c in CONTENDERS:
-        mine = [r for r in runs if r["contender"] == c and r.get("curve") is not None]
+        mine = [r for r in runs if r["contender"] == c and r["steps"]]
         if not mine:
             continue
         hits = [r for r in mine if r["time_to_target_s"] != ""]
@@ -168,8 +175,9 @@ def table(runs, a, level):
             LABELS[c], len(hits), len(mine),
             "%.0f (%.0f-%.0f)" % (np.median(t), min(t), max(t)) if t else "not reached",
             f"{int(np.median([r['steps_to_target'] for r in hits])):,}" if hits else "-"))
-    lines += ["", "Commands (repository root): " + "; ".join("`%s`" % r["command"] for r in runs
-                                                            if r["seed"] == runs[0]["seed"])]
+    commands = [r["command"] for r in runs if r["seed"] == runs[0]["seed"] and r.get("command")]
+    if commands:
+        lines += ["", "Commands (repository root): " + "; ".join("`%s`" % c for c in commands)]
     return lines
 
 
@@ -220,11 +228,41 @@ def suite(a, out):
 
 
 def finished_runs(a, out, level):
+    """The task's finished runs, seed by seed: those with a folder here, then those kept without one."""
     folder = runs_dir(out, level)
     seeds = sorted({int(n.rsplit("_s", 1)[1]) for n in os.listdir(folder)}) if os.path.isdir(folder) else []
     runs = [summarise(level, c, seed, run_dir(out, level, c, seed), target_of(a, level))
             for seed in seeds for c in CONTENDERS]
-    return [r for r in runs if r is not None]
+    runs = [r for r in runs if r is not None]
+    runs += kept_runs(out, level, {(r["contender"], r["seed"]) for r in runs}, target_of(a, level))
+    return sorted(runs, key=lambda r: (r["seed"], CONTENDERS.index(r["contender"])))
+
+
+def kept_runs(out, level, here, target):
+    """The task's rows of <out>/mujoco.csv whose run, (contender, seed), is not in `here`, each with
+    its curve from mujoco_curves.csv, from which the steps and seconds to `target` are read again
+    (a row without curve points keeps the figures it was written with)."""
+    points = collections.defaultdict(list)
+    for p in common.read_csv(os.path.join(out, "mujoco_curves.csv")):
+        if p["level"] == level:
+            points[(p["contender"], int(p["seed"]))].append(p)
+    kept = []
+    for row in common.read_csv(os.path.join(out, "mujoco.csv")):
+        key = (row["contender"], int(row["seed"]))
+        if row["level"] != level or key in here:
+            continue
+        r = {k: (v if k in TEXT_FIELDS or v in (None, "") else int(float(v)) if k in INT_FIELDS else float(v))
+             for k, v in row.items()}
+        r.setdefault("command", "")
+        r["curve"] = None
+        if points.get(key):
+            r["curve"] = steps, secs, score = tuple(
+                np.array([float(p[k]) for p in points[key]]) for k in ("steps", "train_s", "score"))
+            hit = np.flatnonzero(score >= target)
+            r.update(steps_to_target=int(steps[hit[0]]) if len(hit) else "",
+                     time_to_target_s=float(secs[hit[0]]) if len(hit) else "")
+        kept.append(r)
+    return kept
 
 
 def write_curves(path, runs):

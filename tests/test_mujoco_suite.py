@@ -4,6 +4,7 @@ task, one figure per task (no training here: the folders are written by the test
 import csv
 import json
 import os
+import shutil
 import types
 
 from bench import mujoco
@@ -68,3 +69,36 @@ def test_an_explicit_target_applies_to_every_task(tmp_path):
     a = types.SimpleNamespace(seeds=[], contenders=None, levels=["Hopper-v5"], target=500.0)
     text = "\n".join(mujoco.suite(a, out))
     assert "time to 500" in text and "| impala | 2 | 80,000 | 900 | 800 | 900 | 80000 | 20 |" in text
+
+
+def test_runs_without_a_folder_keep_their_rows_and_curves(tmp_path):
+    # Run folders stay out of git: in a fresh checkout only mujoco.csv and mujoco_curves.csv are there,
+    # and a new invocation must not drop the runs they hold.
+    out = str(tmp_path)
+    _impala(out, "HalfCheetah-v5", 1, [100, 3000, 5200])
+    _walle(out, "HalfCheetah-v5", 1, [200, 4000, 4900])
+    a = types.SimpleNamespace(seeds=[], contenders=None, levels=["HalfCheetah-v5"], target=None)
+    first = mujoco.suite(a, out)
+    with open(tmp_path / "mujoco.csv") as f:
+        assert [r["command"] for r in csv.DictReader(f)] == ["impala HalfCheetah-v5", "cmd"]
+    shutil.rmtree(mujoco.runs_dir(out, "HalfCheetah-v5"))
+    # A new run of another seed beside the kept ones, as a later invocation would add it.
+    _impala(out, "HalfCheetah-v5", 2, [400, 5100])
+    text = "\n".join(mujoco.suite(a, out))
+    assert "| impala | 1 | 120,000 | 5200 | 5100 | 5200 | 120000 | 30 |" in text
+    assert "| walle | 1 | 60,000 | 4900 | - | 4900 | - | - |" in text
+    assert "| impala | 2 | 80,000 | 5100 | 5000 | 5100 | 80000 | 20 |" in text
+    assert "| IMPALA (ours, the task's flag file, 1 actor(s) x 8 envs) | 2 of 2 | 25 (20-30) | 100,000 |" in text
+    assert first[-1] == text.splitlines()[-1]  # seed 1's commands, read back from the CSV
+    with open(tmp_path / "mujoco.csv") as f:
+        assert [(r["contender"], r["seed"]) for r in csv.DictReader(f)] == [("impala", "1"), ("walle", "1"),
+                                                                            ("impala", "2")]
+    with open(tmp_path / "mujoco_curves.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3 + 3 + 2
+    # A target given now applies to the kept curves too: WALL-E's seed 1 passed 4,000 at 40K steps.
+    a.target = 4000.0
+    assert "| walle | 1 | 60,000 | 4900 | - | 4900 | 40000 | 16 |" in "\n".join(mujoco.suite(a, out))
+    # A run that is here again replaces its kept row rather than doubling it.
+    _impala(out, "HalfCheetah-v5", 1, [100, 4500])
+    text = "\n".join(mujoco.suite(a, out))
+    assert text.count("| impala | 1 |") == 1 and "| impala | 1 | 80,000 | 4500 |" in text

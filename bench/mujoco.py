@@ -133,13 +133,18 @@ def summarise(level, contender, seed, logdir, target):
     if not len(steps):
         return dict(level=level, contender=contender, seed=seed, steps=0, exit=done["exit"], wall_s=done["wall_s"],
                     command=done["command"], curve=None)
-    hit = np.flatnonzero(score >= target)
     return {"level": level, "contender": contender, "seed": seed, "steps": int(steps[-1]), "score": float(score[-1]),
             "score_window": WINDOW[contender], "mean_return_100": float(last100[-1]) if last100 is not None else "",
-            "best": float(score.max()), "steps_to_target": int(steps[hit[0]]) if len(hit) else "",
-            "time_to_target_s": float(secs[hit[0]]) if len(hit) else "",
+            "best": float(score.max()), **to_target(steps, secs, score, target),
             "steps_per_s": float(steps[-1] / secs[-1]) if secs[-1] > 0 else "", "train_s": float(secs[-1]),
             "wall_s": done["wall_s"], "exit": done["exit"], "command": done["command"], "curve": (steps, secs, score)}
+
+
+def to_target(steps, secs, score, target):
+    """Steps and training seconds at the curve's first score at or above `target` ("" where none is)."""
+    hit = np.flatnonzero(score >= target)
+    return {"steps_to_target": int(steps[hit[0]]) if len(hit) else "",
+            "time_to_target_s": float(secs[hit[0]]) if len(hit) else ""}
 
 
 def target_of(a, level):
@@ -254,13 +259,10 @@ def kept_runs(out, level, here, target):
         r = {k: (v if k in TEXT_FIELDS or v in (None, "") else int(float(v)) if k in INT_FIELDS else float(v))
              for k, v in row.items()}
         r.setdefault("command", "")
-        r["curve"] = None
-        if points.get(key):
-            r["curve"] = steps, secs, score = tuple(
-                np.array([float(p[k]) for p in points[key]]) for k in ("steps", "train_s", "score"))
-            hit = np.flatnonzero(score >= target)
-            r.update(steps_to_target=int(steps[hit[0]]) if len(hit) else "",
-                     time_to_target_s=float(secs[hit[0]]) if len(hit) else "")
+        r["curve"] = tuple(np.array([float(p[k]) for p in points[key]]) for k in ("steps", "train_s", "score")) \
+            if points.get(key) else None
+        if r["curve"] is not None:
+            r.update(to_target(*r["curve"], target))
         kept.append(r)
     return kept
 

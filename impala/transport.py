@@ -244,6 +244,21 @@ class _Graph:
             self.take = {k: self.staged[k].read_value() for k in spec.names}
 
 
+def run_retrying(sess, fetches, feed=None, options=None, tries=5):
+    """sess.run that retries AbortedError: under heavy load gRPC may resend a request,
+    and TF's worker then rejects the copy ("The same RunGraph request was received
+    twice"), though the first copy may have run. Only for runs that are safe to repeat."""
+    for attempt in range(tries):
+        try:
+            return sess.run(fetches, feed, options=options)
+        except tf.errors.AbortedError as e:
+            if attempt == tries - 1:
+                raise
+            print("[transport] WARNING: retrying after a transient gRPC error: %s"
+                  % (e.message or "").splitlines()[0][:160], flush=True)
+            time.sleep(0.05 * (attempt + 1))
+
+
 class LearnerTransport:
     """The learner's end: hosts the server, owns the queue and the weights."""
 
@@ -266,20 +281,10 @@ class LearnerTransport:
         self._held = None  # unique unrolls of a batch still short of its size after dropping repeats
         self._token = 0
 
-    def _run(self, fetches, feed=None, tries=5):
-        """sess.run that retries AbortedError: under heavy load gRPC may resend a request,
-        and TF's worker then rejects the copy ("The same RunGraph request was received
-        twice"), though the first copy may have run. Size reads and weight publishing are
-        idempotent, and a dequeue's retry reads what its first run took (_Graph.take)."""
-        for attempt in range(tries):
-            try:
-                return self.sess.run(fetches, feed)
-            except tf.errors.AbortedError as e:
-                if attempt == tries - 1:
-                    raise
-                print("[transport] WARNING: retrying after a transient gRPC error: %s"
-                      % (e.message or "").splitlines()[0][:160], flush=True)
-                time.sleep(0.05 * (attempt + 1))
+    def _run(self, fetches, feed=None):
+        """Size reads and weight publishing are idempotent, and a dequeue's retry reads
+        what its first run took (_Graph.take), so all of the learner's runs may retry."""
+        return run_retrying(self.sess, fetches, feed)
 
     def publish(self, flat_weights: np.ndarray, version: int):
         packed = pack_weights(flat_weights, version, self._packed)
@@ -393,10 +398,12 @@ class ActorClient:
     def fetch_weights_if_new(self):
         """Returns (version, flat weights) if the learner published newer ones, else None."""
         opts = v1.RunOptions(timeout_in_ms=10000)
-        version = int(self.sess.run(self._g.read_version, options=opts))
+        # Both reads are idempotent, so a resent request refused as a repeat is retried
+        # rather than counted as a lost learner.
+        version = int(run_retrying(self.sess, self._g.read_version, options=opts))
         if version == self.version:
             return None
-        self.version, weights = unpack_weights(self.sess.run(self._g.read_weights, options=opts))
+        self.version, weights = unpack_weights(run_retrying(self.sess, self._g.read_weights, options=opts))
         return self.version, weights
 
     def alive(self, timeout_ms: int = 3000) -> bool:

@@ -296,12 +296,12 @@ class _AnswerLost:
     """The learner's session with one fault injected: the dequeue runs, then its answer is
     lost and the retry refused ("The same RunGraph request was received twice")."""
 
-    def __init__(self, sess, take):
-        self.sess, self.take, self.faults = sess, take, 0
+    def __init__(self, sess, faulty):
+        self.sess, self.faulty, self.faults = sess, faulty, 0
 
     def run(self, fetches, feed=None, **kw):
         out = self.sess.run(fetches, feed, **kw)
-        if fetches is self.take and self.faults == 0:
+        if fetches is self.faulty and self.faults == 0:
             self.faults += 1
             raise tf.errors.AbortedError(None, None, "The same RunGraph request was received twice")
         return out
@@ -323,3 +323,21 @@ def test_a_dequeue_retried_after_a_lost_answer_loses_nothing():
     learner.close()
     assert learner.sess.faults == 1
     assert got == [100000 + i for i in range(E)], "a retried dequeue lost or repeated unrolls: %s" % got
+
+
+def test_a_weight_read_refused_as_a_repeat_is_retried():
+    """An actor or evaluator whose weight read meets a resent request must get the weights,
+    not an error that makes it reconnect or (the evaluator) stop."""
+    spec = _spec()
+    port = _free_base_port()
+    learner = transport.LearnerTransport("127.0.0.1:%d" % port, spec, capacity=16, batch_size=2)
+    learner.publish(np.full(10, 7, np.float32), 7)
+    client = transport.ActorClient("127.0.0.1:%d" % port, spec, 16, 2)
+    try:
+        assert client.connect(30)
+        client.sess = _AnswerLost(client.sess, client._g.read_weights)
+        version, weights = client.fetch_weights_if_new()
+    finally:
+        learner.close()
+    assert client.sess.faults == 1
+    assert version == 7 and (weights == 7).all()

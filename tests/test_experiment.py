@@ -48,6 +48,20 @@ def _no_leftovers(cluster):
         assert cluster.logdir not in cmd, "leftover process: %s" % cmd
 
 
+def _wait_for_frames(logdir, frames, learner, timeout_s):
+    """The learner's frame count once it reaches `frames` (or the last one seen at the timeout);
+    fails at once if the learner exits."""
+    metrics, deadline, seen = os.path.join(logdir, "metrics.csv"), time.time() + timeout_s, 0
+    while time.time() < deadline and seen < frames:
+        time.sleep(0.5)
+        assert learner.poll() is None, open(os.path.join(logdir, "logs", "learner.log")).read()
+        if os.path.exists(metrics):
+            rows = open(metrics).read().splitlines()[1:]
+            if rows:
+                seen = int(rows[-1].split(",")[1])
+    return seen
+
+
 def _run_experiment(args, timeout=120):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     return subprocess.run([PY, os.path.join(ROOT, "experiment.py")] + args, capture_output=True,
@@ -133,16 +147,7 @@ def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     base = _free_base_port()
     c = LocalCluster(2, base, CARTPOLE + ["--total_environment_frames=10000000"], logdir).start()
     try:
-        metrics = os.path.join(logdir, "metrics.csv")
-        deadline = time.time() + 150
-        frames = 0
-        while time.time() < deadline and frames < 40000:
-            time.sleep(1)
-            assert c.learner.poll() is None, open(os.path.join(logdir, "logs", "learner.log")).read()
-            if os.path.exists(metrics):
-                rows = open(metrics).read().splitlines()[1:]
-                if rows:
-                    frames = int(rows[-1].split(",")[1])
+        frames = _wait_for_frames(logdir, 40000, c.learner, 150)
         assert frames >= 40000, "training did not advance: %d frames" % frames
         t0 = time.time()
         os.killpg(c.learner.pid, signal.SIGINT)
@@ -193,18 +198,19 @@ def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     assert os.path.getsize(os.path.join(logdir, "test_episodes.gif")) > 1000
 
 
+@pytest.mark.slow  # the default suite has this fault in test_faults.py (detected, training goes on)
 def test_actor_death_is_survived(tmp_path):
-    """SIGKILL one of two actors: the learner goes on with the other."""
+    """SIGKILL one of two actors while it trains: the learner goes on with the other to the budget."""
     logdir = str(tmp_path / "run")
-    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=60000"], logdir).start()
+    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=30000"], logdir).start()
     try:
-        time.sleep(20)
+        assert _wait_for_frames(logdir, 10000, c.learner, 150) >= 10000, "training did not advance"
         os.killpg(c.actor_procs[0].pid, signal.SIGKILL)
         assert c.wait(timeout=150) == 0
     finally:
         c.stop()
     summary = json.load(open(os.path.join(logdir, "summary.json")))
-    assert summary["frames"] >= 60000
+    assert summary["frames"] >= 30000
 
 
 def test_recurrent_agent_trains_end_to_end(tmp_path):

@@ -34,6 +34,7 @@ def test_full_checkpoint_disk_is_reported_and_old_checkpoint_intact(tmp_path):
     _check(r)
 
 
+@pytest.mark.slow  # the replay fallback below also truncates the newest checkpoint and resumes
 def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path):
     _check(faults.scenario_truncated_checkpoint(_free_base_port(), str(tmp_path)))
 

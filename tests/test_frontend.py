@@ -529,7 +529,7 @@ def test_ssh_login_failure_is_one_clear_error(run, sshd):
 # ---------------------------------------------------------------------------
 
 def test_end_to_end_two_learners_four_actors(run, user_module):
-    """About 45 s on 2 cores (not marked slow: under 90 s). The env is a user's, registered by a
+    """About 25 s on 2 cores. The env is a user's, registered by a
     module outside the repository (--env_module, found through the PYTHONPATH the frontend hands
     to every worker)."""
     p = free_ports(6)
@@ -538,7 +538,7 @@ def test_end_to_end_two_learners_four_actors(run, user_module):
     args = [f"--workers_csv_path={csv}", f"--tmux_socket={run.socket}", f"--tmux_sess={run.session}",
             f"--logdir={run.logdir}", "--stop_timeout_s=60",
             "--env_module=" + MODULE, "--level_name=UserCorridor-v0", "--agent_name=MLPAgent", "--batch_size=4",
-            "--unroll_length=20", "--envs_per_actor=2", "--log_every_s=3", "--total_environment_frames=100000000"]
+            "--unroll_length=20", "--envs_per_actor=2", "--log_every_s=1", "--total_environment_frames=100000000"]
     p_start = subprocess.run([PY, FRONTEND, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p_start.returncode == 0, p_start.stdout + p_start.stderr
 

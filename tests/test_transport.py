@@ -293,8 +293,8 @@ def test_weights_and_their_version_are_read_together():
 
 
 class _AnswerLost:
-    """The learner's session with one fault injected: the dequeue runs, then its answer is
-    lost and the retry refused ("The same RunGraph request was received twice")."""
+    """A session with one fault injected: the first run of `faulty` goes through, then its
+    answer is lost and the retry refused ("The same RunGraph request was received twice")."""
 
     def __init__(self, sess, faulty):
         self.sess, self.faulty, self.faults = sess, faulty, 0

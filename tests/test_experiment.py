@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from bench.faults import frames_now
 from local_cluster import LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,14 +52,11 @@ def _no_leftovers(cluster):
 def _wait_for_frames(logdir, frames, learner, timeout_s):
     """The learner's frame count once it reaches `frames` (or the last one seen at the timeout);
     fails at once if the learner exits."""
-    metrics, deadline, seen = os.path.join(logdir, "metrics.csv"), time.time() + timeout_s, 0
+    deadline, seen = time.time() + timeout_s, 0
     while time.time() < deadline and seen < frames:
         time.sleep(0.5)
         assert learner.poll() is None, open(os.path.join(logdir, "logs", "learner.log")).read()
-        if os.path.exists(metrics):
-            rows = open(metrics).read().splitlines()[1:]
-            if rows:
-                seen = int(rows[-1].split(",")[1])
+        seen = frames_now(logdir)
     return seen
 
 

@@ -220,6 +220,44 @@ def table(runs, frames):
     return lines
 
 
+# The games of issue 25's five-game median, the PPO paper's Atari set that CleanRL's docs tabulate.
+FIVE = ("BeamRider", "Breakout", "Qbert", "Seaquest", "SpaceInvaders")
+
+
+def across_machines(results_root, frames):
+    """The Markdown lines of the five games' standing over every machine's atari.csv under
+    results_root. A 40M-frame run takes a 2-core machine more than two hours, so the five come
+    from sessions on different machines: each row names its machine, and the median counts each
+    game once (the mean of its runs that reached `frames`), naming the games not there yet."""
+    lines = ["| game | machine | seed | frames | score | HNS ours / baselines | training time | frames/s "
+             "| beyond the recipe |", "|---" * 9 + "|"]
+    finished = {}
+    last = {}
+    for machine in sorted(os.listdir(results_root)):
+        cpu = common.read_json(os.path.join(results_root, machine, "machine.json"), {}).get("cpu", machine)
+        for row in common.read_csv(os.path.join(results_root, machine, "atari.csv")):
+            if row["game"] not in FIVE:
+                continue
+            game, done = row["game"], int(row["frames"]) >= frames
+            score, base = float(row["return_last100"]), PUBLISHED[game][0]
+            if done:
+                finished.setdefault(game, []).append(human_normalised(game, score))
+            last[game] = max(last.get(game, 0), int(row["frames"]))
+            lines.append("| %s | %s | %s | %.1fM%s | %.0f | %.2f / %.2f | %.0f min | %.0f | %s |" % (
+                game, cpu, row["seed"], int(row["frames"]) / 1e6, "" if done else " (not at the budget)", score,
+                human_normalised(game, score), human_normalised(game, base), float(row["train_seconds"]) / 60,
+                float(row["fps"]), row["extra_flags"] or "-"))
+    missing = ["%s (%s)" % (g, "%.1fM frames" % (last[g] / 1e6) if g in last else "not run")
+               for g in FIVE if g not in finished]
+    if finished:
+        ours = [float(np.mean(finished[g])) for g in sorted(finished)]
+        theirs = [human_normalised(g, PUBLISHED[g][0]) for g in sorted(finished)]
+        lines += ["", "Median human-normalised score of the %d of the five games at %s frames: ours %.2f, baselines "
+                  "PPO %.2f." % (len(ours), "{:,}".format(frames), float(np.median(ours)), float(np.median(theirs)))]
+    lines += ["", "Not at %s frames yet: %s." % ("{:,}".format(frames), ", ".join(missing) if missing else "none")]
+    return lines
+
+
 def plot(level, runs, frames, out):
     fig, ax = common.subplots(1, 1, figsize=(6, 4))
     for r in (r for r in runs if r["curve"] is not None):

@@ -175,3 +175,32 @@ def test_a_run_whose_folder_is_not_here_keeps_its_row_and_curve(tmp_path):
     pong_again = [r for r in atari.collect(out) if r["game"] == "Pong"]
     assert len(pong_again) == 1 and pong_again[0]["return_last100"] == 12.0
     assert os.path.exists(os.path.join(out, atari.KEPT_METRICS % ("Pong", 1)))
+
+
+def test_the_five_games_are_summed_up_over_the_machines_that_ran_them(tmp_path):
+    """Each machine's atari.csv gives its rows, named by the machine's CPU; the median counts a game once
+    (the mean of its finished runs), leaves out runs short of the budget and games outside the five,
+    and names the games not there yet."""
+    def machine(name, cpu, rows):
+        os.makedirs(tmp_path / name)
+        json.dump({"cpu": cpu}, open(tmp_path / name / "machine.json", "w"))
+        with open(tmp_path / name / "atari.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, atari.CSV_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows([dict(zip(("game", "seed", "frames", "return_last100"), r), train_seconds=6000, fps=5000,
+                              extra_flags="") for r in rows])
+    machine("2core-a", "CPU A", [("Breakout", 1, 40_000_000, 400.0), ("Pong", 1, 10_000_000, 20.0)])
+    machine("2core-b", "CPU B", [("Breakout", 2, 40_000_000, 200.0), ("Qbert", 1, 40_000_000, 13455.0),
+                                 ("Seaquest", 1, 28_000_000, 1800.0)])
+    os.makedirs(tmp_path / "no-atari-here")
+    lines = atari.across_machines(str(tmp_path), 40_000_000)
+    rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| game")]
+    assert len(rows) == 4 and not any("Pong" in ln for ln in rows)
+    assert rows[0].startswith("| Breakout | CPU A | 1 | 40.0M | 400 |")
+    assert "| Seaquest | CPU B | 1 | 28.0M (not at the budget) | 1800 |" in rows[3]
+    breakout = np.mean([(400.0 - 1.7) / 28.8, (200.0 - 1.7) / 28.8])
+    median = float(np.median([breakout, 1.0]))
+    assert "Median human-normalised score of the 2 of the five games at 40,000,000 frames: ours %.2f" % median \
+        in "\n".join(lines)
+    assert lines[-1] == "Not at 40,000,000 frames yet: BeamRider (not run), Seaquest (28.0M frames), " \
+                        "SpaceInvaders (not run)."

@@ -10,7 +10,7 @@ newest checkpoint with --mode=train_w_load the next time the suite is asked for 
 count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a run that reached --frames is
 not run again. Score = the mean of the last 100 whole-game training returns (metrics.csv's
 mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md, atari.csv and one curve
-per game (atari_<Game>.png).
+per game (atari_<Game>.png); with the default --out, also bench/results/atari_five.md (across_machines).
 
 Run folders are not committed (checkpoints are large), so a fresh checkout of the repository has
 the results folder without them. Each run's metrics.csv is therefore copied beside the table
@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 
@@ -258,6 +259,15 @@ def across_machines(results_root, frames):
     return lines
 
 
+def write_five(results_root, frames):
+    """<results_root>/atari_five.md: across_machines with its title and date."""
+    lines = ["# The five Atari games at %s frames, over the machines that ran them" % "{:,}".format(frames), "",
+             "Score: mean of the last 100 whole-game training returns; each machine's own table, with curves and "
+             "the commands, is its atari.md.", ""]
+    lines += across_machines(results_root, frames) + ["", "Date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
+    common.write_lines(os.path.join(results_root, "atari_five.md"), lines)
+
+
 def plot(level, runs, frames, out):
     fig, ax = common.subplots(1, 1, figsize=(6, 4))
     for r in (r for r in runs if r["curve"] is not None):
@@ -315,6 +325,8 @@ def suite(a, out):
         w.writerows(csv_rows)
     for level in sorted({"%sNoFrameskip-v4" % r["game"] for r in runs}):
         plot(level, [r for r in runs if r["game"] == short(level)], a.frames, out)
+    if a.out is None:  # out is bench/results/<machine>: the five-game file sits beside the machines' folders
+        write_five(os.path.dirname(out), a.frames)
     return ["# Atari at %s frames, %s, %d cores" % ("{:,}".format(a.frames), RECIPE, os.cpu_count()), "",
             "Score: mean of the last 100 whole-game training returns. HNS: human-normalised score. Published "
             "figures: ../shared/anchors.md (CleanRL's docs). Training time counts from the learner being ready; "

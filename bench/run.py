@@ -615,20 +615,7 @@ def main():
     common.write_lines(path, lines)
     print("\n".join(lines))
     print("\nwrote %s" % path)
-    if a.suite == "atari" and a.out is None:
-        write_atari_five(os.path.dirname(out), a.frames, info)
     return 0
-
-
-def write_atari_five(results_root, frames, info):
-    """bench/results/atari_five.md: the five games over every machine's atari.csv (atari.across_machines)."""
-    lines = ["# The five Atari games at %s frames, over the machines that ran them" % "{:,}".format(frames), "",
-             "Score: mean of the last 100 whole-game training returns; each machine's own table, with curves and "
-             "the commands, is its atari.md.", ""]
-    lines += atari.across_machines(results_root, frames) + ["", "Date: " + info["date"]]
-    path = os.path.join(results_root, "atari_five.md")
-    common.write_lines(path, lines)
-    print("wrote %s" % path)
 
 
 if __name__ == "__main__":

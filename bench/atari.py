@@ -7,8 +7,8 @@ one run per game and seed, against the published PPO scores at 40M frames.
 Each run lives in <out>/atari_runs/<Game>_s<seed>/ (a normal run folder: options, checkpoints,
 metrics.csv, logs). A run that was cut off (Ctrl-C, a time limit, a restart) is resumed from its
 newest checkpoint with --mode=train_w_load the next time the suite is asked for it, and the frame
-count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a run that reached --frames is
-not run again. Score = the mean of the last 100 whole-game training returns (metrics.csv's
+count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a
+run that reached --frames is not run again. Score = the mean of the last 100 whole-game training returns (metrics.csv's
 mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md, atari.csv and one curve
 per game (atari_<Game>.png); with the default --out, also bench/results/atari_five.md (across_machines).
 

@@ -39,9 +39,9 @@ def main():
     p.add_argument("--base_port", type=int, default=24500)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    out, info = harness.results_dir(a.out)
     if a.flagfile and not os.path.isfile(a.flagfile):
         p.error("--flagfile=%s: no such file (a recipe such as configs/atari.flags)" % a.flagfile)
+    out, info = harness.results_dir(a.out)
     cores, game = os.cpu_count(), a.level.replace("NoFrameskip-v4", "")
     recipe = os.path.splitext(os.path.basename(a.flagfile))[0] if a.flagfile else None
     # The recipe goes first so that --extra still overrides it; progress every 5 s, not the recipe's 30 s,

@@ -83,6 +83,16 @@ def test_recipe_is_one_file_for_every_game():
     assert atari.recipe_screen(["--compute_dtype=float32", "--width=42", "--height=42"]) == (42, 42)
 
 
+def test_many_cores_refuses_a_recipe_that_is_not_there(tmp_path):
+    """bench/many_cores.py --flagfile: a missing recipe is named before anything is measured or written."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "many_cores.py"), "--flagfile",
+                           "configs/atari_typo.flags", "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--flagfile=configs/atari_typo.flags: no such file" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_run_keeps_the_flags_it_started_with(tmp_path):
     """--recipe_extra: a new run records its flags; a resume asked for none keeps them; others are refused."""
     d = str(tmp_path / "Breakout_s1")

@@ -12,7 +12,12 @@ Elite replay uses the platform's example settings (its README): ln_norm distance
 the stored and the current policy's logits, lambda_batch_multiplier 6, alfa_annealing_factor 2.0.
 
 Each run lives in <out>/replay_runs/<Game>_<variant>_s<seed>/ and is started, resumed when cut off,
-or left alone when done, as the Atari suite's runs are (bench/atari.py). Writes <out>/atari_replay.md,
+or left alone when done, as the Atari suite's runs are (bench/atari.py). A resume starts with empty
+replay buffers that refill from the actors' unrolls: replay draws start again once a buffer holds a
+batch, and it is full after 1,000 new unrolls (about 128K env frames, 1.3 % of a 10M-frame run).
+--checkpoint_replay would carry the buffer over, at the cost of a buffer file of several MB
+(docs/replay.md) in every cut run's folder, which is committed to move the run to the next
+session; the suite leaves it off. Writes <out>/atari_replay.md,
 atari_replay.csv and one figure per game with every variant's curve (atari_replay_<Game>.png), and
 keeps each run's metrics.csv beside them, so that runs made in other checkouts stay in the table
 (atari_replay_<Game>_<variant>_seed<N>_metrics.csv; bench/atari.py's doc says why).
@@ -63,8 +68,9 @@ def summarise(logdir, game, variant, seed):
 def verdict(game, runs):
     """One sentence on elite replay against uniform replay and the queue, beyond the seeds' spread."""
     final = {v: [r["return_last100"] for r in runs if r["variant"] == v] for v in VARIANTS}
-    if not final["elite"] or not final["standard"]:
-        return "%s: elite or uniform replay has no run yet." % game
+    missing = [name for v, name in (("elite", "elite"), ("standard", "uniform")) if not final[v]]
+    if missing:
+        return "%s: %s replay has no run yet, so there is no comparison." % (game, " and ".join(missing))
     if min(len(final["elite"]), len(final["standard"])) < 2:
         return ("%s: one seed per variant, so the run-to-run spread is not measured and no difference can be "
                 "called beyond it." % game)
@@ -149,7 +155,8 @@ def suite(a, out):
     return ["# Replay on Atari at %s frames, %s: queue only, uniform replay, elite replay" % (
                 "{:,}".format(a.frames), atari.RECIPE), "",
             "Score: mean of the last 100 whole-game training returns. Variants: %s. Replay capacity %d unrolls, "
-            "lz4-compressed. Learner samples/s counts every unroll step trained on, replayed or new." % (
+            "lz4-compressed. Learner samples/s counts every unroll step trained on, replayed or new. A resumed run's "
+            "buffer started empty and refilled from new unrolls (bench/atari_replay.py's doc says why)." % (
                 "; ".join("**%s** %s" % (k, v[0]) for k, v in VARIANTS.items()), CAPACITY), ""] + table(runs) + [
         ""] + [verdict(game, [r for r in runs if r["game"] == game]) for game in games] + [
         "", "Figures: %s" % ", ".join("[atari_replay_%s.png](atari_replay_%s.png)" % (g, g) for g in games),

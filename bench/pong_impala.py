@@ -44,8 +44,7 @@ def expand_flagfiles(flags):
     return out
 
 
-def main():
-    obey_ctrl_c()
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--level", default="PongNoFrameskip-v4")
     p.add_argument("--frames", type=int, default=2_000_000)
@@ -59,119 +58,159 @@ def main():
     p.add_argument("--extra", action="append", default=[],
                    help="one more experiment.py flag, e.g. --extra=--epsilon=1e-5 (repeatable)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    a = p.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    return p.parse_args()
 
-    # Defaults, then --extra's flagfiles (a recipe), then this run's own settings, then the other --extra.
-    # The queue's size is a default, not this run's setting: it sets the actors' policy lag, which
-    # a recipe chooses (configs/pong.flags keeps it at one batch).
+
+def run_flags(a):
+    """experiment.py's flags for this run: defaults, then --extra's flagfiles (a recipe), then this
+    run's own settings, then the other --extra. The queue's size is a default, not this run's
+    setting: it sets the actors' policy lag, which a recipe chooses (configs/pong.flags keeps it at
+    one batch)."""
     flagfiles = [e for e in a.extra if e.startswith("--flagfile=")]
-    flags = ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40",
-             "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor)] + flagfiles + [
+    return ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40",
+            "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor)] + flagfiles + [
         "--level_name=" + a.level, "--agent_name=SimpleConvNetAgent"] + common.cluster_flags(a) + [
         "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed] + [
         e for e in a.extra if e not in flagfiles]
-    # The frame size the run will use: the last --width/--height of its flags as absl reads them.
+
+
+def frame_size(flags):
+    """The frame size the run will use: the last --width/--height of its flags as absl reads them."""
     given = expand_flagfiles(flags)
-    screen = tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
-                   for k in ("width", "height"))
-    limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
-    ceiling_fps = limit["limit"]
-    print("ceiling at %dx%d: %d processes step %s at %.0f frames/s, the native vector env at %.0f"
-          % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
+    return tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
+                 for k in ("width", "height"))
 
-    logdir = tempfile.mkdtemp(prefix="pong_bench_")
-    t0 = time.time()
-    interrupted = False
-    hit = None  # the first metrics row at or above --stop_at_return
 
+def threshold_row(logdir, target):
+    """The first metrics row whose mean return of the last 20 games is at or above target, or None."""
+    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
+    return next((r for r in rows if float(r["mean_return_20"]) >= target), None)
+
+
+def train(a, flags, logdir):
+    """Runs the cluster until its budget, --stop_at_return or Ctrl-C. Returns (the learner's exit
+    code, the threshold row or None, whether Ctrl-C stopped it)."""
+    hit, interrupted = None, False
     with LocalCluster(a.actors, a.base_port, flags, logdir) as cluster:
         try:
             while True:
                 code = cluster.wait(timeout=2.0)
                 if code is not None:
                     break
-                if a.stop_at_return is not None:
-                    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
-                    hit = next((r for r in rows if float(r["mean_return_20"]) >= a.stop_at_return), None)
-                    if hit is not None:
-                        print("mean return %.2f >= %g at %s frames, %.0f s: stopping" % (
-                            float(hit["mean_return_20"]), a.stop_at_return, hit["frames"],
-                            float(hit["time_s"])), flush=True)
-                        break
+                hit = threshold_row(logdir, a.stop_at_return) if a.stop_at_return is not None else None
+                if hit is not None:
+                    print("mean return %.2f >= %g at %s frames, %.0f s: stopping" % (
+                        float(hit["mean_return_20"]), a.stop_at_return, hit["frames"],
+                        float(hit["time_s"])), flush=True)
+                    break
         except KeyboardInterrupt:  # Ctrl-C: stop the run (it checkpoints) and report what it did
             print("interrupted: stopping the run, then writing what it measured", flush=True)
             interrupted = True
     if interrupted or hit is not None:
         code = cluster.learner.returncode
-    wall = time.time() - t0
-    rows, summary, log = common.finished_run(logdir)
-    if code != 0 or not rows or summary is None:
-        print("training failed (exit %s):\n%s" % (code, "\n".join(log.splitlines()[-25:])))
-        return 1
-    fps = sorted(float(r["fps"]) for r in rows[1:] or rows)
-    median_fps = fps[len(fps) // 2]
-    ratio = median_fps / ceiling_fps
+    return code, hit, interrupted
 
-    # Every column of metrics.csv, so a run that stalls can be read afterwards (entropy, policy lag,
-    # value loss, gradient norm, mean ratio) without its run folder, which is a temporary one.
-    with open(os.path.join(a.out, a.tag + ".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+
+def command_line(a):
+    return ("`.venv/bin/python bench/pong_impala.py %s--frames %d --actors %d --envs_per_actor %d "
+            "--batch_size %d --unroll_length %d --seed %d%s%s`" % (
+                "" if a.level == "PongNoFrameskip-v4" else "--level %s " % a.level,
+                a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length, a.seed,
+                " --stop_at_return %g" % a.stop_at_return if a.stop_at_return is not None else "",
+                "".join(" --extra=" + e for e in a.extra)))
+
+
+def table(a, rows, summary, limit, run):
+    """The Markdown report's lines; run holds median_fps, ratio, wall, hit and interrupted."""
     lags = sorted(float(r["policy_lag"]) for r in rows if r.get("policy_lag"))
     tb = summary["time_breakdown"]
-    lines = [
+    hit = run["hit"]
+    share = lambda k: 100 * tb[k] / tb["elapsed_s"]  # noqa: E731
+    return [
         "# %s, IMPALA SimpleConvNetAgent, 1 learner + %d actors x %d envs (2-core CPU)" % (
             a.level, a.actors, a.envs_per_actor), "",
         "| figure | value |", "|---|---|",
         "| env ceiling, %d Python processes / native vector env with %d threads (random actions) | "
         "%.0f / %.0f frames/s |" % (os.cpu_count(), os.cpu_count(), limit["python"], limit["native"]),
-        "| end-to-end training, median | %.0f frames/s |" % median_fps,
-        "| ratio to the higher ceiling (same run) | **%.2f** |" % ratio,
+        "| end-to-end training, median | %.0f frames/s |" % run["median_fps"],
+        "| ratio to the higher ceiling (same run) | **%.2f** |" % run["ratio"],
         "| frames trained | %d in %.0f s (wall, with start-up %.0f s) |" % (
-            summary["frames"], summary["elapsed_s"], wall),
+            summary["frames"], summary["elapsed_s"], run["wall"]),
         "| final mean return (last 20 games) | %.2f |" % summary["mean_return_20"]] + (
         ["| time to mean return %g (training s / frames) | %s |" % (
             a.stop_at_return, "%.0f s / %s" % (float(hit["time_s"]), hit["frames"]) if hit else
             "not reached in %d frames" % summary["frames"])] if a.stop_at_return is not None else []) + [
         "| learner: learning / publishing / waiting | %.0f%% / %.0f%% / %.0f%% |" % (
-            100 * tb["learner_learn_s"] / tb["elapsed_s"], 100 * tb["learner_publish_s"] / tb["elapsed_s"],
-            100 * tb["learner_wait_s"] / tb["elapsed_s"]),
+            share("learner_learn_s"), share("learner_publish_s"), share("learner_wait_s")),
         "| actors: env / inference / transfer | %.0f%% / %.0f%% / %.0f%% |" % (
             100 * tb["actor_env_share"], 100 * tb["actor_inference_share"], 100 * tb["actor_transfer_share"]),
         "| bottleneck | %s |" % tb["bottleneck"]] + (
         ["| actors' policy lag, median of the rows (weight versions behind) | %.1f |" % lags[len(lags) // 2]]
         if lags else []) + [""] + (
-        ["Stopped by Ctrl-C at %d of %d frames." % (summary["frames"], a.frames), ""] if interrupted else []) + [
-        "Command: `.venv/bin/python bench/pong_impala.py %s--frames %d --actors %d --envs_per_actor %d "
-        "--batch_size %d --unroll_length %d --seed %d%s%s`" % (
-            "" if a.level == "PongNoFrameskip-v4" else "--level %s " % a.level,
-            a.frames, a.actors, a.envs_per_actor, a.batch_size, a.unroll_length, a.seed,
-            " --stop_at_return %g" % a.stop_at_return if a.stop_at_return is not None else "",
-            "".join(" --extra=" + e for e in a.extra))]
-    common.write_lines(os.path.join(a.out, a.tag + ".md"), lines)
-    with open(os.path.join(a.out, a.tag + ".json"), "w") as f:
-        json.dump({"seed": a.seed, "ceiling_fps": ceiling_fps, "ceiling_python_fps": limit["python"],
-                   "ceiling_native_fps": limit["native"], "median_fps": median_fps, "ratio": ratio,
-                   "frames": summary["frames"], "elapsed_s": summary["elapsed_s"],
+        ["Stopped by Ctrl-C at %d of %d frames." % (summary["frames"], a.frames), ""]
+        if run["interrupted"] else []) + ["Command: " + command_line(a)]
+
+
+def write_json(path, a, summary, limit, run):
+    hit = run["hit"]
+    with open(path, "w") as f:
+        json.dump({"seed": a.seed, "ceiling_fps": limit["limit"], "ceiling_python_fps": limit["python"],
+                   "ceiling_native_fps": limit["native"], "median_fps": run["median_fps"],
+                   "ratio": run["ratio"], "frames": summary["frames"], "elapsed_s": summary["elapsed_s"],
                    "final_mean_return_20": summary["mean_return_20"], "threshold": a.stop_at_return,
                    "reached": hit is not None,
                    "time_to_threshold_s": float(hit["time_s"]) if hit else None,
                    "frames_to_threshold": int(hit["frames"]) if hit else None,
-                   "bottleneck": tb["bottleneck"]}, f, indent=2)
+                   "bottleneck": summary["time_breakdown"]["bottleneck"]}, f, indent=2)
+
+
+def plot(path, level, rows, ceiling_fps):
     fig, (ax1, ax2) = common.subplots(1, 2, figsize=(10, 3.8))
     xs = [int(r["frames"]) / 1e6 for r in rows]
     ax1.plot(xs, [float(r["mean_return_20"]) for r in rows])
     ax1.set_xlabel("frames (M)")
     ax1.set_ylabel("mean return, last 20 games")
-    ax1.set_title(a.level)
+    ax1.set_title(level)
     ax2.plot(xs, [float(r["fps"]) for r in rows], label="training fps")
     ax2.axhline(ceiling_fps, color="k", ls="--", lw=0.8, label="env ceiling")
     ax2.set_xlabel("frames (M)")
     ax2.set_ylabel("frames/s")
     ax2.legend()
-    common.save_figure(fig, os.path.join(a.out, a.tag + ".png"))
+    common.save_figure(fig, path)
+
+
+def main():
+    obey_ctrl_c()
+    a = parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    flags = run_flags(a)
+    screen = frame_size(flags)
+    limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
+    print("ceiling at %dx%d: %d processes step %s at %.0f frames/s, the native vector env at %.0f"
+          % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
+
+    logdir = tempfile.mkdtemp(prefix="pong_bench_")
+    t0 = time.time()
+    code, hit, interrupted = train(a, flags, logdir)
+    rows, summary, log = common.finished_run(logdir)
+    if code != 0 or not rows or summary is None:
+        print("training failed (exit %s):\n%s" % (code, "\n".join(log.splitlines()[-25:])))
+        return 1
+    fps = sorted(float(r["fps"]) for r in rows[1:] or rows)
+    run = {"median_fps": fps[len(fps) // 2], "wall": time.time() - t0, "hit": hit, "interrupted": interrupted}
+    run["ratio"] = run["median_fps"] / limit["limit"]
+
+    # Every column of metrics.csv, so a run that stalls can be read afterwards (entropy, policy lag,
+    # value loss, gradient norm, mean ratio) without its run folder, which is a temporary one.
+    base = os.path.join(a.out, a.tag)
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = table(a, rows, summary, limit, run)
+    common.write_lines(base + ".md", lines)
+    write_json(base + ".json", a, summary, limit, run)
+    plot(base + ".png", a.level, rows, limit["limit"])
     print("\n".join(lines))
     return 0
 

@@ -235,20 +235,15 @@ PEER_ROWS = {
 }
 
 
-def suite_throughput(a, out):
-    level = "PongNoFrameskip-v4"
-    notes = []
-    peer_error = ensure_peer("sb3")
-    # Sample Factory and RLlib: a reason to skip them (install failed, opted out), and the runs that failed
-    skip = {"sf": ensure_peer("sf") if not a.no_sample_factory else "not run (--no_sample_factory)",
-            "rllib": ensure_peer("rllib") if not a.no_rllib else "not run (--no_rllib)"}
-    failed = {"sf": [], "rllib": []}
-    trained = {"sf": [], "rllib": []}  # frames/s the peers' learners trained on
-    peer_info = {}
-    res = {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_3x32", "impala_python",
-                           "sb3_2", "sb3_16", "sf", "rllib")}
-    bottleneck = {}
-    cores = os.cpu_count()
+def measure_throughput(a, level, peer_error, skip):
+    """Every contender's frames/s over --repeats interleaved repeats: a dict of lists per contender,
+    the peers' trained frames/s and failures, the peers' reports and our learner's time breakdown."""
+    m = {"res": {k: [] for k in ("ceiling_python", "ceiling_native", "impala", "impala_3x32", "impala_python",
+                                 "sb3_2", "sb3_16", "sf", "rllib")},
+         # trained: the frames/s the peers' learners trained on
+         "failed": {"sf": [], "rllib": []}, "trained": {"sf": [], "rllib": []},
+         "peer_info": {}, "bottleneck": {}}
+    res, cores = m["res"], os.cpu_count()
     for rep in range(a.repeats):
         res["ceiling_python"].append(ceiling.python_fps(level, cores, 20))
         res["ceiling_native"].append(ceiling.native_fps(level, cores, 20))
@@ -257,29 +252,31 @@ def suite_throughput(a, out):
             fps, breakdown = impala_fps(level, "SimpleConvNetAgent", actors, envs, a.seconds, a.base_port, extra)
             res[key].append(fps)
             if key == "impala":
-                bottleneck = breakdown
+                m["bottleneck"] = breakdown
         if peer_error is None:
-            res["sb3_2"].append(sb3(["throughput", "--n_envs=2", "--seconds=%g" % a.seconds],
+            for key, n_envs in (("sb3_2", 2), ("sb3_16", 16)):
+                res[key].append(sb3(["throughput", "--n_envs=%d" % n_envs, "--seconds=%g" % a.seconds],
                                     a.seconds + 300)["frames_per_s"])
-            res["sb3_16"].append(sb3(["throughput", "--n_envs=16", "--seconds=%g" % a.seconds],
-                                     a.seconds + 300)["frames_per_s"])
         for key, run in (("sf", sample_factory), ("rllib", rllib_appo)):
             if skip[key] is not None:
                 continue
             got = run(a.seconds)
             if "error" in got:
-                failed[key].append(got["error"])
+                m["failed"][key].append(got["error"])
             else:
                 res[key].append(got["frames_per_s"])
-                trained[key].append(got["trained_frames_per_s"])
-                peer_info[key] = got
+                m["trained"][key].append(got["trained_frames_per_s"])
+                m["peer_info"][key] = got
         print("repeat %d: %s" % (rep + 1, {k: round(v[-1]) for k, v in res.items() if v}), flush=True)
-    med = {k: statistics.median(v) for k, v in res.items() if v}
-    limit = max(med["ceiling_python"], med["ceiling_native"])
-    rows = [("env ceiling: %d Python processes stepping envs/factory.py's Pong, random actions" % cores,
+    return m
+
+
+def throughput_rows(res, med, limit):
+    """The table's rows for the env ceilings and our three layouts: (label, figures, comparison)."""
+    return [("env ceiling: %d Python processes stepping envs/factory.py's Pong, random actions" % os.cpu_count(),
              res["ceiling_python"], "%.2f of the limit" % (med["ceiling_python"] / limit)),
-            ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions" % cores,
-             res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
+            ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions"
+             % os.cpu_count(), res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
             ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in one group "
              "(inference on all %d frames at once), bfloat16 torso, newest frames sent, the learner on 1 "
              "TensorFlow thread" % (OURS[0], OURS[1], OURS[1]), res["impala"],
@@ -292,6 +289,11 @@ def suite_throughput(a, out):
              res["impala_python"],
              "%.2f of the limit; ours / this = %.2f" % (med["impala_python"] / limit,
                                                         med["impala"] / med["impala_python"]))]
+
+
+def peer_rows_and_notes(a, m, med, peer_error, skip):
+    """The peers' rows and the notes under the table."""
+    res, rows, notes = m["res"], [], []
     if peer_error is None:
         for key, label in (("sb3_2", "SB3 PPO, SubprocVecEnv 2 processes (same process count)"),
                            ("sb3_16", "SB3 PPO, SubprocVecEnv 16 processes (same env count)")):
@@ -303,22 +305,46 @@ def suite_throughput(a, out):
     for key, name in (("sf", "Sample Factory APPO"), ("rllib", "RLlib APPO")):
         label, version, trained_note = PEER_ROWS[key]
         if res[key]:
-            rows.append((label % peer_info[key].get(version, ""), res[key],
+            rows.append((label % m["peer_info"][key].get(version, ""), res[key],
                          "ours / this = **%.2f**" % (med["impala"] / med[key])))
-            notes.append(trained_note % spread(trained[key]))
+            notes.append(trained_note % spread(m["trained"][key]))
         if skip[key] is not None:
             notes.append("%s: %s." % (name, skip[key]))
-        elif failed[key]:
+        elif m["failed"][key]:
             notes.append("%s: installed, but %d of %d run(s) failed; the last: %s." % (
-                name, len(failed[key]), a.repeats, failed[key][-1]))
+                name, len(m["failed"][key]), a.repeats, m["failed"][key][-1]))
     if res["sf"] or res["rllib"]:
         notes.append("Sample Factory and RLlib step Pong through their own Atari wrappers (84x84 gray, frame skip 4 "
                      "with max-pool, 4-frame stack, noop reset: the same observations), not envs/factory.py; frames = 4 x "
                      "agent steps for them too.")
+    return rows, notes
+
+
+def write_throughput_csv(path, m):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["contender", "repeat", "frames_per_s"])
+        for suffix, table in (("", m["res"]), ("_trained", m["trained"])):
+            for k, xs in table.items():
+                for i, x in enumerate(xs):
+                    w.writerow([k + suffix, i, x])
+
+
+def suite_throughput(a, out):
+    level = "PongNoFrameskip-v4"
+    peer_error = ensure_peer("sb3")
+    # Sample Factory and RLlib: a reason to skip them (install failed, opted out), and the runs that failed
+    skip = {"sf": ensure_peer("sf") if not a.no_sample_factory else "not run (--no_sample_factory)",
+            "rllib": ensure_peer("rllib") if not a.no_rllib else "not run (--no_rllib)"}
+    m = measure_throughput(a, level, peer_error, skip)
+    med = {k: statistics.median(v) for k, v in m["res"].items() if v}
+    limit = max(med["ceiling_python"], med["ceiling_native"])
+    peer_rows, notes = peer_rows_and_notes(a, m, med, peer_error, skip)
+    rows = throughput_rows(m["res"], med, limit) + peer_rows
     notes.append(targets_line(med, limit))
-    if bottleneck:
-        notes.append(where_time_goes(bottleneck))
-    lines = ["# Throughput: PongNoFrameskip-v4 end-to-end frames/s (training included), %d cores" % cores,
+    if m["bottleneck"]:
+        notes.append(where_time_goes(m["bottleneck"]))
+    lines = ["# Throughput: PongNoFrameskip-v4 end-to-end frames/s (training included), %d cores" % os.cpu_count(),
              "", "84x84 gray frames, 4-frame stack, frame skip 4 (frames = 4 x agent steps). Same network size "
              "where the framework lets us (conv 16 8x8/4, conv 32 4x4/2, FC 256). %d repeat(s) of %.0f s, "
              "interleaved; median (min-max). Ratios are to the physical limit, the higher of the two env ceilings."
@@ -327,15 +353,7 @@ def suite_throughput(a, out):
     lines += ["| %s | %s | %s |" % (label, spread(xs), cmp) for label, xs, cmp in rows]
     lines += [""] + notes + ["", "Command: `.venv/bin/python bench/run.py throughput --seconds %g --repeats %d`"
                              % (a.seconds, a.repeats)]
-    with open(os.path.join(out, "throughput.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["contender", "repeat", "frames_per_s"])
-        for k, xs in res.items():
-            for i, x in enumerate(xs):
-                w.writerow([k, i, x])
-        for k, xs in trained.items():
-            for i, x in enumerate(xs):
-                w.writerow([k + "_trained", i, x])
+    write_throughput_csv(os.path.join(out, "throughput.csv"), m)
     return lines
 
 

@@ -55,8 +55,7 @@ def slope_per_hour(ts, ys):
     return float(np.polyfit(ts[ok] / 3600.0, ys[ok], 1)[0])
 
 
-def main():
-    obey_ctrl_c()
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--every_s", type=float, default=10)
@@ -67,27 +66,35 @@ def main():
     p.add_argument("--envs_per_actor", type=int, default=16)
     p.add_argument("--base_port", type=int, default=19700)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    a = p.parse_args()
-    logdir = tempfile.mkdtemp(prefix="soak_")
-    flags = ["--level_name=" + a.level, "--agent_name=" + a.agent, "--batch_size=32", "--unroll_length=20",
-             "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=64", "--log_every_s=10",
-             "--total_environment_frames=1000000000", "--checkpoint_every_s=120"]
+    return p.parse_args()
+
+
+def watch(a, procs, logdir):
+    """One row every --every_s seconds for --minutes: frames, queue fill, and each process's memory,
+    file descriptors and threads."""
+    rows, t0 = [], time.time()
+    while time.time() - t0 < a.minutes * 60:
+        time.sleep(a.every_s)
+        s = sample(procs)
+        fill, frames = queue_fill(logdir)
+        row = {"t_s": time.time() - t0, "frames": frames, "queue_fill": fill}
+        for name, (rss, fds, threads) in s.items():
+            row.update({name + "_rss_mb": rss, name + "_fds": fds, name + "_threads": threads})
+        rows.append(row)
+        print("%5.0f s  frames %d  queue %.2f  %s" % (row["t_s"], frames, fill, "  ".join(
+            "%s %.0f MB/%d fds" % (n, v[0], v[1]) for n, v in s.items())), flush=True)
+    return rows
+
+
+def soak(a, flags, logdir):
+    """Runs the cluster for the soak. Returns the rows, the process names, and the exit code and the
+    end of the log of each process that died during it."""
     cluster = LocalCluster(a.actors, a.base_port, flags, logdir).start()
     procs = {"learner": cluster.learner}
     procs.update({"actor_%d" % i: q for i, q in enumerate(cluster.actor_procs)})
     rows = []
-    t0 = time.time()
     try:
-        while time.time() - t0 < a.minutes * 60:
-            time.sleep(a.every_s)
-            s = sample(procs)
-            fill, frames = queue_fill(logdir)
-            row = {"t_s": time.time() - t0, "frames": frames, "queue_fill": fill}
-            for name, (rss, fds, threads) in s.items():
-                row.update({name + "_rss_mb": rss, name + "_fds": fds, name + "_threads": threads})
-            rows.append(row)
-            print("%5.0f s  frames %d  queue %.2f  %s" % (row["t_s"], frames, fill, "  ".join(
-                "%s %.0f MB/%d fds" % (n, v[0], v[1]) for n, v in s.items())), flush=True)
+        rows = watch(a, procs, logdir)
     finally:
         died = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
         cluster.stop()
@@ -98,20 +105,20 @@ def main():
                 with open(path, errors="replace") as f:
                     tails[n] = f.read().splitlines()[-15:]
         shutil.rmtree(logdir, ignore_errors=True)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "soak.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    return rows, list(procs), died, tails
+
+
+def table(a, rows, names, died, tails):
     warm = [r for r in rows if r["t_s"] >= a.warmup_frac * a.minutes * 60]
     ts = [r["t_s"] for r in warm]
     lines = ["# Soak: %s, 1 learner + %d actors x %d envs, %.0f min (%d cores)" % (
                  a.level, a.actors, a.envs_per_actor, a.minutes, os.cpu_count()), "",
              "Sampled every %.0f s; slopes are least-squares fits after the first %.0f%% (warm-up)." % (
                  a.every_s, 100 * a.warmup_frac), "",
-             "| process | RSS after warm-up (MB) | RSS at end (MB) | RSS slope (MB/hour) | fds start-end | threads start-end |",
+             "| process | RSS after warm-up (MB) | RSS at end (MB) | RSS slope (MB/hour) | fds start-end "
+             "| threads start-end |",
              "|---|---|---|---|---|---|"]
-    for name in procs:
+    for name in names:
         rss = [r[name + "_rss_mb"] for r in warm]
         fds = [r[name + "_fds"] for r in warm]
         th = [r[name + "_threads"] for r in warm]
@@ -125,15 +132,36 @@ def main():
     for n, code in died.items():
         lines += ["", "**%s exited during the soak (code %s)**; the end of its log:" % (n, code), "", "```"]
         lines += tails.get(n, ["(no log)"]) + ["```"]
-    common.write_lines(os.path.join(a.out, "soak.md"), lines)
+    return lines
+
+
+def plot(path, rows, names):
     fig, ax = common.subplots(figsize=(7, 4))
-    for name in procs:
+    for name in names:
         ax.plot([r["t_s"] / 60 for r in rows], [r[name + "_rss_mb"] for r in rows], label=name)
     ax.set_xlabel("minutes")
     ax.set_ylabel("RSS (MB)")
     ax.set_title("Soak: memory per process")
     ax.legend()
-    common.save_figure(fig, os.path.join(a.out, "soak.png"))
+    common.save_figure(fig, path)
+
+
+def main():
+    obey_ctrl_c()
+    a = parse_args()
+    logdir = tempfile.mkdtemp(prefix="soak_")
+    flags = ["--level_name=" + a.level, "--agent_name=" + a.agent, "--batch_size=32", "--unroll_length=20",
+             "--envs_per_actor=%d" % a.envs_per_actor, "--queue_capacity=64", "--log_every_s=10",
+             "--total_environment_frames=1000000000", "--checkpoint_every_s=120"]
+    rows, names, died, tails = soak(a, flags, logdir)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "soak.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = table(a, rows, names, died, tails)
+    common.write_lines(os.path.join(a.out, "soak.md"), lines)
+    plot(os.path.join(a.out, "soak.png"), rows, names)
     print("\n".join(lines))
     return 0
 

@@ -33,8 +33,7 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
-def main():
-    cores = usable_cores()
+def parse_args(cores):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="HalfCheetah-v5")
     p.add_argument("-b", "--batch_size", type=int, default=20000, help="steps per iteration (WALL-E: 20K)")
@@ -48,26 +47,11 @@ def main():
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.batch_size < a.max_n:
         p.error(f"--batch_size ({a.batch_size}) must be >= --max_n ({a.max_n})")
+    return a
 
-    # One BLAS thread here too (samplers get one each), so N=1 is a true one-core baseline;
-    # set before numpy loads. These imports (numpy, TensorFlow, matplotlib) only here, in main():
-    # spawned samplers re-import this file and must stay TF-free.
-    os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np
-    import envs
-    from walle import samplers
-    from nets.gaussian import GaussianPolicy
-    from bench import common
 
-    spec = envs.env_spec(a.env)
-    policy = GaussianPolicy(spec.obs_shape[0], spec.action_dim)
-    params = dict(policy.numpy_params(), version=0, obs_mean=np.zeros(spec.obs_shape, np.float32),
-                  obs_std=np.ones(spec.obs_shape, np.float32), obs_clip=samplers.OBS_CLIP)
-    ns = list(range(1, a.max_n + 1))
-    print(f"{a.env}, {a.batch_size} steps/iteration, N = 1..{a.max_n}, {a.repeats} repeats, "
-          f"{cores} usable cores (os.cpu_count() = {os.cpu_count()})", flush=True)
-
+def collect_times(a, samplers, params, ns):
+    """Seconds per iteration for each N, the N's repeats interleaved round-robin."""
     pools, times = {}, {n: [] for n in ns}
     try:
         for n in ns:
@@ -83,23 +67,30 @@ def main():
     finally:
         for pool in pools.values():
             pool.close()
+    return times
 
+
+def speedup_rows(a, times, cores):
     t1 = statistics.median(times[1])
     rows = []
-    for n in ns:
+    for n in sorted(times):
         med = statistics.median(times[n])
         rows.append({"n": n, "median_collect_s": med, "min_collect_s": min(times[n]), "max_collect_s": max(times[n]),
                      "steps_per_s": a.batch_size / med, "speedup": t1 / med, "efficiency": t1 / med / n,
                      "ideal": min(n, cores), "walle_speedup": WALLE_SPEEDUP.get(n, ""),
                      "repeats": a.repeats, "batch_size": a.batch_size, "cores": cores, "env": a.env})
-    os.makedirs(a.out, exist_ok=True)
-    csv_path = os.path.join(a.out, "walle_speedup.csv")
-    with open(csv_path, "w", newline="") as f:
+    return rows
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, list(rows[0]))
         w.writeheader()
         for row in rows:
             w.writerow({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in row.items()})
 
+
+def print_table(rows):
     print(f"\n{'N':>3} {'median s':>9} {'min s':>7} {'max s':>7} {'steps/s':>9} {'speed-up':>9} "
           f"{'x/N':>6} {'WALL-E':>7}")
     for row in rows:
@@ -107,6 +98,10 @@ def main():
               f"{row['steps_per_s']:9.0f} {row['speedup']:9.2f} {row['efficiency']:6.2f} "
               f"{row['walle_speedup']!s:>7}")
 
+
+def plot(path, a, rows, cores):
+    from bench import common
+    ns = [r["n"] for r in rows]
     fig, ax = common.subplots(figsize=(6, 4.5))
     ax.plot(ns, [r["speedup"] for r in rows], "o-", label="measured (median)")
     ax.plot(ns, ns, ":", color="gray", label="linear (N)")
@@ -118,7 +113,35 @@ def main():
     ax.set_title(f"{a.env}: collection speed-up")
     ax.grid(alpha=0.3)
     ax.legend()
-    common.save_figure(fig, os.path.join(a.out, "walle_speedup.png"))
+    common.save_figure(fig, path)
+
+
+def main():
+    cores = usable_cores()
+    a = parse_args(cores)
+    # One BLAS thread here too (samplers get one each), so N=1 is a true one-core baseline;
+    # set before numpy loads. These imports (numpy, TensorFlow, matplotlib) only here, in main():
+    # spawned samplers re-import this file and must stay TF-free.
+    os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import envs
+    from walle import samplers
+    from nets.gaussian import GaussianPolicy
+
+    spec = envs.env_spec(a.env)
+    policy = GaussianPolicy(spec.obs_shape[0], spec.action_dim)
+    params = dict(policy.numpy_params(), version=0, obs_mean=np.zeros(spec.obs_shape, np.float32),
+                  obs_std=np.ones(spec.obs_shape, np.float32), obs_clip=samplers.OBS_CLIP)
+    ns = list(range(1, a.max_n + 1))
+    print(f"{a.env}, {a.batch_size} steps/iteration, N = 1..{a.max_n}, {a.repeats} repeats, "
+          f"{cores} usable cores (os.cpu_count() = {os.cpu_count()})", flush=True)
+    rows = speedup_rows(a, collect_times(a, samplers, params, ns), cores)
+    os.makedirs(a.out, exist_ok=True)
+    csv_path = os.path.join(a.out, "walle_speedup.csv")
+    write_csv(csv_path, rows)
+    print_table(rows)
+    plot(os.path.join(a.out, "walle_speedup.png"), a, rows, cores)
     print(f"\nwrote {csv_path} and walle_speedup.png")
 
 

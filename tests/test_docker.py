@@ -267,6 +267,80 @@ def _project_leftovers(project):
     return left
 
 
+def wait_for_475(up, q, lines, start):
+    """Reads `up`'s output until the learner (rank 0) reports a mean return >= 475; returns the
+    learner ranks that reported progress."""
+    best, ranks = float("-inf"), set()
+    deadline = start + 600  # 1-5 min here on 2 shared cores; the bound is for a stuck run
+    while best < 475:
+        try:
+            line = q.get(timeout=max(1.0, deadline - time.time()))
+        except queue.Empty:
+            line = None
+        if line is None or time.time() > deadline:
+            pytest.fail("no CartPole 475 within %.0f s (up %s); output:\n%s"
+                        % (time.time() - start, "exited %s" % up.poll() if up.poll() is not None else "running",
+                           "\n".join(lines[-80:])))
+        m = PROGRESS.search(line)
+        if m:
+            ranks.add(int(m.group(1)))
+            if m.group(1) == "0" and m.group(2) != "nan":
+                best = max(best, float(m.group(2)))
+    return ranks
+
+
+def check_stopped(text, project, num_learners, num_actors, ranks):
+    """The learner checkpointed at the stop and exited 0; every actor got its own task id, the actors
+    were split over the ranks, every rank trained."""
+    stopped = re.search(r"\[learner 0\] stopped by signal (\d+) after (\d+) frames .*; checkpoint (\S+)", text)
+    assert stopped, "the learner did not report a checkpoint after the stop:\n" + "\n".join(text.splitlines()[-60:])
+    assert int(stopped.group(1)) in (signal.SIGINT, signal.SIGTERM)
+    learner = _sh(["docker", "ps", "-a", "-q", "--filter", "label=com.docker.compose.project=" + project,
+                   "--filter", "label=com.docker.compose.service=learner"]).stdout.split()
+    assert len(learner) == 1, learner
+    code = _sh(["docker", "inspect", "-f", "{{.State.ExitCode}}", learner[0]]).stdout.strip()
+    assert code == "0", "learner container exit code %s" % code
+    tasks = sorted(int(t) for t in re.findall(r"actor task (\d+) of %d" % num_actors, text))
+    assert tasks == list(range(num_actors)), tasks
+    feeds = set(int(r) for r in re.findall(r"feeds learner rank (\d+) of %d" % num_learners, text))
+    assert feeds == set(range(num_learners)) and ranks == set(range(num_learners)), (feeds, ranks)
+
+
+def check_run_folder(results):
+    """The run folder on the host holds a checkpoint, TensorBoard files and metrics, and the checkpoint
+    plays well; returns its mean test return."""
+    runs = glob.glob(str(results / "CartPole-v1_*"))
+    assert len(runs) == 1, runs
+    run = runs[0]
+    assert glob.glob(os.path.join(run, "checkpoints", "ckpt-*.index")), os.listdir(run)
+    assert glob.glob(os.path.join(run, "**", "events.out.tfevents.*"), recursive=True)
+    with open(os.path.join(run, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["reason"].startswith("stopped by signal") and summary["mean_return_20"] >= 400, summary
+    with open(os.path.join(run, "metrics.csv")) as f:
+        assert len(f.readlines()) >= 2
+    played = _sh([PY, "experiment.py", "--mode=test", "--load_model_url=" + run, "--test_num_episodes=3"],
+                 cwd=ROOT, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
+    mean = json.load(open(os.path.join(run, "test_results.json")))["mean_return"]
+    # The checkpoint is the one written at the stop, some updates after the 475 report, and CartPole
+    # policies swing after reaching it (one CI run played 207 from a run that had reported 475). A
+    # random policy plays ~22: 150 says the container's checkpoint holds the trained policy.
+    assert mean >= 150, played.stdout[-2000:]
+    return mean
+
+
+def tear_down(up, base, env, project):
+    """Whatever happened: `up` killed, the project downed, and what `down` could not remove removed."""
+    if up.poll() is None:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait(30)
+    subprocess.run(base + ["down", "-v", "--remove-orphans", "-t", "5"], env=env, capture_output=True, timeout=180)
+    remove = {"containers": ["docker", "rm", "-f"], "networks": ["docker", "network", "rm"],
+              "volumes": ["docker", "volume", "rm", "-f"]}
+    for what, ids in _project_leftovers(project).items():
+        subprocess.run(remove[what] + ids, capture_output=True, timeout=120)
+
+
 def run_cluster(compose, tmp_path, num_learners, num_actors, stop_with):
     project = "impalatest%d_%d" % (os.getpid(), num_learners)
     results = tmp_path / "results"
@@ -286,23 +360,7 @@ def run_cluster(compose, tmp_path, num_learners, num_actors, stop_with):
     threading.Thread(target=read, daemon=True).start()
     start = time.time()
     try:
-        # 1. up: the learner (rank 0) reports a mean return >= 475
-        best, ranks = float("-inf"), set()
-        deadline = start + 600  # 1-5 min here on 2 shared cores; the bound is for a stuck run
-        while best < 475:
-            try:
-                line = q.get(timeout=max(1.0, deadline - time.time()))
-            except queue.Empty:
-                line = None
-            if line is None or time.time() > deadline:
-                pytest.fail("no CartPole 475 within %.0f s (up %s); output:\n%s"
-                            % (time.time() - start, "exited %s" % up.poll() if up.poll() is not None else "running",
-                               "\n".join(lines[-80:])))
-            m = PROGRESS.search(line)
-            if m:
-                ranks.add(int(m.group(1)))
-                if m.group(1) == "0" and m.group(2) != "nan":
-                    best = max(best, float(m.group(2)))
+        ranks = wait_for_475(up, q, lines, start)  # 1. up
         reached = time.time() - start
         # 2. stop: Ctrl-C on `up` (SIGINT, as a terminal sends it) or `compose stop`
         if stop_with == "sigint":
@@ -312,52 +370,15 @@ def run_cluster(compose, tmp_path, num_learners, num_actors, stop_with):
         up.wait(180)
         # after Ctrl-C, `up` stops showing the containers' output: read the whole logs
         text = _sh(base + ["logs", "--no-color"], env=env, timeout=120).stdout
-        stopped = re.search(r"\[learner 0\] stopped by signal (\d+) after (\d+) frames .*; checkpoint (\S+)", text)
-        assert stopped, "the learner did not report a checkpoint after the stop:\n" + "\n".join(text.splitlines()[-60:])
-        assert int(stopped.group(1)) in (signal.SIGINT, signal.SIGTERM)
-        learner = _sh(["docker", "ps", "-a", "-q", "--filter", "label=com.docker.compose.project=" + project,
-                       "--filter", "label=com.docker.compose.service=learner"]).stdout.split()
-        assert len(learner) == 1, learner
-        code = _sh(["docker", "inspect", "-f", "{{.State.ExitCode}}", learner[0]]).stdout.strip()
-        assert code == "0", "learner container exit code %s" % code
-        # every actor got its own task id, the actors were split over the ranks, every rank trained
-        tasks = sorted(int(t) for t in re.findall(r"actor task (\d+) of %d" % num_actors, text))
-        assert tasks == list(range(num_actors)), tasks
-        feeds = set(int(r) for r in re.findall(r"feeds learner rank (\d+) of %d" % num_learners, text))
-        assert feeds == set(range(num_learners)) and ranks == set(range(num_learners)), (feeds, ranks)
-        # 3. the run folder on the host: checkpoint, TensorBoard files, metrics; the checkpoint plays well
-        runs = glob.glob(str(results / "CartPole-v1_*"))
-        assert len(runs) == 1, runs
-        run = runs[0]
-        assert glob.glob(os.path.join(run, "checkpoints", "ckpt-*.index")), os.listdir(run)
-        assert glob.glob(os.path.join(run, "**", "events.out.tfevents.*"), recursive=True)
-        with open(os.path.join(run, "summary.json")) as f:
-            summary = json.load(f)
-        assert summary["reason"].startswith("stopped by signal") and summary["mean_return_20"] >= 400, summary
-        with open(os.path.join(run, "metrics.csv")) as f:
-            assert len(f.readlines()) >= 2
-        played = _sh([PY, "experiment.py", "--mode=test", "--load_model_url=" + run, "--test_num_episodes=3"],
-                     cwd=ROOT, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
-        mean = json.load(open(os.path.join(run, "test_results.json")))["mean_return"]
-        # The checkpoint is the one written at the stop, some updates after the 475 report, and CartPole
-        # policies swing after reaching it (one CI run played 207 from a run that had reported 475). A
-        # random policy plays ~22: 150 says the container's checkpoint holds the trained policy.
-        assert mean >= 150, played.stdout[-2000:]
+        check_stopped(text, project, num_learners, num_actors, ranks)
+        mean = check_run_folder(results)  # 3. the run folder on the host
         # 4. down leaves nothing of the project
         _sh(base + ["down", "-v", "--remove-orphans", "-t", "10"], env=env, timeout=180)
         assert _project_leftovers(project) == {}
         print("\n%d learner(s), %d actors: CartPole 475 %.0f s after `up`; played checkpoint: %.1f"
               % (num_learners, num_actors, reached, mean))
     finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait(30)
-        subprocess.run(base + ["down", "-v", "--remove-orphans", "-t", "5"], env=env, capture_output=True, timeout=180)
-        left = _project_leftovers(project)
-        remove = {"containers": ["docker", "rm", "-f"], "networks": ["docker", "network", "rm"],
-                  "volumes": ["docker", "volume", "rm", "-f"]}
-        for what, ids in left.items():  # what `down` could not remove
-            subprocess.run(remove[what] + ids, capture_output=True, timeout=120)
+        tear_down(up, base, env, project)
 
 
 @pytest.mark.docker

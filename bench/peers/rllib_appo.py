@@ -217,7 +217,7 @@ def run_child(a, argv):
     return res, stderr, proc.returncode, time.time() - t0, stopped, sorted(set(left))
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("suite", nargs="?", default="throughput", choices=["throughput", "pong"])
     p.add_argument("--seconds", type=float, default=60, help="throughput: measuring window")
@@ -239,6 +239,51 @@ def main():
         a.env_runners = 2
     if a.envs_per_runner is None:
         a.envs_per_runner = 16 if a.suite == "throughput" else 2
+    return a
+
+
+def failure(res, stderr, rc, wall, stopped, what):
+    """The error line of a run that gave no result or trained on nothing."""
+    lines = stderr.splitlines()
+    err = [ln.strip() for ln in lines if re.match(r"\w*(Error|Exception|Interrupt)\b", ln.strip())]
+    progress = [ln for ln in lines if ln.startswith("[rllib_appo]")]
+    return "%s after %.0f s (exit %s, %s; tried: %s): %s%s" % (
+        "no result" if res is None else "the learner trained on nothing", wall, rc, stopped, what,
+        err[-1][:300] if err else stderr.strip()[-300:],
+        "; last progress: " + progress[-1] if progress else "; no training iteration finished")
+
+
+def throughput_figures(a, rows, first, what):
+    """Sampled and trained frames/s over the window after --warmup."""
+    window = [r for r in rows if r[0] >= first + a.warmup] or rows[-2:]
+    if len(window) < 2:
+        window = rows[-2:]
+    (t1, s1, tr1, _), (t2, s2, tr2, _) = window[0], window[-1]
+    return dict(level="ALE/Pong-v5 (as NoFrameskip-v4)", frames_per_s=4 * (s2 - s1) / (t2 - t1),
+                trained_frames_per_s=4 * (tr2 - tr1) / (t2 - t1), window_s=t2 - t1, warmup_s=a.warmup,
+                sampled_steps=s2, trained_steps=tr2, net=NET_OURS, config=what,
+                notes="RLlib's Atari wrappers (wrap_atari_for_new_api_stack, 84x84 gray, frame skip 4, "
+                      "stack 4 in its connectors); frames = 4 x env steps; trained counts every update on a "
+                      "batch (its circular buffer reuses a batch up to 2 times) and misses dropped batches")
+
+
+def pong_figures(a, res, what):
+    """Time and frames to --target and the curve."""
+    rows, hit = res["rows"], res.get("hit")
+    return dict(target=a.target, reached=hit is not None, seed=a.seed,
+                time_to_target_s=hit[0] if hit else float("nan"),
+                from_launch_s=hit[1] if hit else float("nan"),
+                frames_to_target=4 * hit[2] if hit else None, frames=4 * rows[-1][1],
+                last_mean_return=rows[-1][3], net=NET_TUNED, config=what,
+                # per iteration: seconds from launch, frames sampled, frames trained (a starved
+                # learner trains far fewer than it samples), mean return
+                curve=[(round(t - res["t0"], 1), 4 * s, 4 * tr, ret) for t, s, tr, ret in rows],
+                notes="return = RLlib's episode_return_mean (last 100 games); training seconds from the "
+                      "first iteration in which the learner trained")
+
+
+def main():
+    a = parse_args()
     if a._child:
         return child(a)
     argv = [x for x in sys.argv[1:]]
@@ -249,43 +294,16 @@ def main():
     base = {"peer": "rllib_appo", "suite": a.suite}
     if res is None or (a.suite == "throughput" and res.get("first") is None):
         print(stderr[-4000:], file=sys.stderr)
-        lines = stderr.splitlines()
-        err = [ln.strip() for ln in lines if re.match(r"\w*(Error|Exception|Interrupt)\b", ln.strip())]
-        progress = [ln for ln in lines if ln.startswith("[rllib_appo]")]
-        base["error"] = "%s after %.0f s (exit %s, %s; tried: %s): %s%s" % (
-            "no result" if res is None else "the learner trained on nothing", wall, rc, stopped, what,
-            err[-1][:300] if err else stderr.strip()[-300:],
-            "; last progress: " + progress[-1] if progress else "; no training iteration finished")
+        base["error"] = failure(res, stderr, rc, wall, stopped, what)
         print(json.dumps(base), flush=True)
         return 1
-    rows, first = res["rows"], res["first"]
+    first = res["first"]
     base.update(res["versions"])
     base.update(env_runners=a.env_runners, envs_per_runner=a.envs_per_runner, wall_s=wall, stopped_by=stopped,
                 build_s=res["built_s"], startup_s=(first - res["t0"]) if first else None,
                 leftover_ray_processes_killed=len(left))
-    if a.suite == "throughput":
-        window = [r for r in rows if r[0] >= first + a.warmup] or rows[-2:]
-        if len(window) < 2:
-            window = rows[-2:]
-        (t1, s1, tr1, _), (t2, s2, tr2, _) = window[0], window[-1]
-        base.update(level="ALE/Pong-v5 (as NoFrameskip-v4)", frames_per_s=4 * (s2 - s1) / (t2 - t1),
-                    trained_frames_per_s=4 * (tr2 - tr1) / (t2 - t1), window_s=t2 - t1, warmup_s=a.warmup,
-                    sampled_steps=s2, trained_steps=tr2, net=NET_OURS, config=what,
-                    notes="RLlib's Atari wrappers (wrap_atari_for_new_api_stack, 84x84 gray, frame skip 4, "
-                          "stack 4 in its connectors); frames = 4 x env steps; trained counts every update on a "
-                          "batch (its circular buffer reuses a batch up to 2 times) and misses dropped batches")
-    else:
-        hit = res.get("hit")
-        base.update(target=a.target, reached=hit is not None, seed=a.seed,
-                    time_to_target_s=hit[0] if hit else float("nan"),
-                    from_launch_s=hit[1] if hit else float("nan"),
-                    frames_to_target=4 * hit[2] if hit else None, frames=4 * rows[-1][1],
-                    last_mean_return=rows[-1][3], net=NET_TUNED, config=what,
-                    # per iteration: seconds from launch, frames sampled, frames trained (a starved
-                    # learner trains far fewer than it samples), mean return
-                    curve=[(round(t - res["t0"], 1), 4 * s, 4 * tr, ret) for t, s, tr, ret in rows],
-                    notes="return = RLlib's episode_return_mean (last 100 games); training seconds from the "
-                          "first iteration in which the learner trained")
+    base.update(throughput_figures(a, res["rows"], first, what) if a.suite == "throughput"
+                else pong_figures(a, res, what))
     print(json.dumps(base), flush=True)
     return 0
 

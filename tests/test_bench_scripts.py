@@ -1,0 +1,72 @@
+"""The standalone benchmark scripts, each run end to end on a tiny budget (slow): they write the
+files their docs promise, with figures that are what a run of that size can give."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def _bench(script, *args, timeout=600):
+    out = subprocess.run([sys.executable, os.path.join("bench", script)] + list(args), cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_pong_impala_reports_a_short_run_beside_its_ceiling(tmp_path):
+    _bench("pong_impala.py", "--frames", "60000", "--ceiling_s", "2", "--actors", "1", "--envs_per_actor", "8",
+           "--batch_size", "4", "--base_port", "18950", "--tag", "tiny", "--out", str(tmp_path))
+    report = json.load(open(tmp_path / "tiny.json"))
+    assert report["frames"] >= 60000 and report["median_fps"] > 0 and report["ceiling_fps"] > 0
+    assert 0 < report["ratio"] < 2 and report["threshold"] is None and not report["reached"]
+    with open(tmp_path / "tiny.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and {"frames", "fps", "entropy", "policy_lag"} <= set(rows[0])
+    md = (tmp_path / "tiny.md").read_text()
+    assert "| bottleneck |" in md and "--frames 60000" in md
+    assert (tmp_path / "tiny.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replay_compare_trains_each_variant_to_the_same_budget(tmp_path):
+    _bench("replay_compare.py", "--level", "CartPole-v1", "--frames", "30000", "--capacity", "200",
+           "--actors", "1", "--base_port", "19950", "--out", str(tmp_path))
+    md = (tmp_path / "replay_CartPole-v1.md").read_text()
+    for variant in ("queue", "queue+standard", "queue+elite"):
+        assert "| %s |" % variant in md
+    with open(tmp_path / "replay_CartPole-v1.csv") as f:
+        curves = list(csv.DictReader(f))
+    assert {r["variant"] for r in curves} == {"queue", "queue+standard", "queue+elite"}
+    assert (tmp_path / "replay_CartPole-v1.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_walle_speedup_times_every_n(tmp_path):
+    _bench("walle_speedup.py", "--max_n", "2", "--repeats", "1", "-b", "2000", "--out", str(tmp_path))
+    with open(tmp_path / "walle_speedup.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["n"]) for r in rows] == [1, 2]
+    assert float(rows[0]["speedup"]) == 1 and float(rows[1]["speedup"]) > 0
+    assert (tmp_path / "walle_speedup.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_soak_samples_every_process(tmp_path):
+    _bench("soak.py", "--minutes", "0.5", "--every_s", "5", "--level", "CartPole-v1", "--agent", "MLPAgent",
+           "--actors", "1", "--envs_per_actor", "4", "--base_port", "19750", "--out", str(tmp_path))
+    with open(tmp_path / "soak.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= 4 and float(rows[-1]["learner_rss_mb"]) > 0 and "actor_0_fds" in rows[0]
+    md = (tmp_path / "soak.md").read_text()
+    assert "| learner |" in md and "| actor_0 |" in md and "exited during the soak" not in md

@@ -8,7 +8,8 @@ Each run lives in <out>/atari_runs/<Game>_s<seed>/ (a normal run folder: options
 metrics.csv, logs). A run that was cut off (Ctrl-C, a time limit, a restart) is resumed from its
 newest checkpoint with --mode=train_w_load the next time the suite is asked for it, and the frame
 count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a
-run that reached --frames is not run again. Score = the mean of the last 100 whole-game training returns (metrics.csv's
+run that reached --frames is not run again, nor is one that atari.csv keeps from another checkout
+(below). Score = the mean of the last 100 whole-game training returns (metrics.csv's
 mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md, atari.csv and one curve
 per game (atari_<Game>.png); with the default --out, also bench/results/atari_five.md (across_machines).
 
@@ -64,6 +65,28 @@ def run_state(logdir, frames):
         return "done"
     ckpts = os.path.join(logdir, "checkpoints")
     return "cut" if os.path.isdir(ckpts) and any(n.endswith(".index") for n in os.listdir(ckpts)) else "new"
+
+
+def kept_done(out, suite_csv, logdir, matches, frames, asked):
+    """True when a run that reached `frames` at that budget is kept in <out>/suite_csv (the row for
+    which matches(row) holds) but its folder `logdir` is not here: it finished in another checkout
+    (the module's doc) and is not run again. Asking it for other --recipe_extra flags is an error,
+    as for a run whose folder is here (extra_flags)."""
+    if os.path.exists(logdir):
+        return False
+    for row in common.read_csv(os.path.join(out, suite_csv)):
+        if not matches(row) or not row.get("budget") or int(float(row["budget"])) != frames \
+                or int(float(row["frames"])) < frames:
+            continue
+        if asked and " ".join(asked) != row.get("extra_flags", ""):
+            raise SystemExit("--recipe_extra %s: %s keeps this run (%s) finished with %s; a finished run is not run "
+                             "again (take its row out of that file for a new run)" % (
+                                 " ".join(asked), os.path.join(out, suite_csv), os.path.basename(logdir),
+                                 row.get("extra_flags") or "none"))
+        print("[atari] %s: finished in another checkout, kept in %s; not run again" % (
+            os.path.basename(logdir), suite_csv), flush=True)
+        return True
+    return False
 
 
 def extra_flags(logdir, asked):
@@ -312,6 +335,9 @@ def suite(a, out):
     for level in a.games:
         for seed in a.seeds:
             logdir = run_dir(out, level, seed)
+            if kept_done(out, "atari.csv", logdir, lambda row: (row["game"], int(row["seed"])) == (short(level), seed),
+                         a.frames, a.recipe_extra):
+                continue
             extra = extra_flags(logdir, a.recipe_extra)
             ceiling_fps(logdir, level, recipe_screen(extra))
             code = run_game(a, level, seed, logdir, extra)

@@ -5,6 +5,7 @@ queue + elite replay.
     .venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 SeaquestNoFrameskip-v4 \\
         --frames 10000000 --seeds 1 --recipe_extra=--compute_dtype=float32
     .venv/bin/python bench/run.py atari_replay --games --seeds    # no game: only rebuild the table
+    .venv/bin/python bench/run.py atari_replay --games SeaquestNoFrameskip-v4 --seeds 1 --variants elite
 
 The replay variants take half of every batch from a buffer of 1,000 unrolls (the platform's own
 example size) and half from the actors, so the learner trains on twice the samples per env frame.
@@ -137,7 +138,14 @@ def suite(a, out):
     for level in a.games:
         for seed in a.seeds:
             for variant, (_, spec) in VARIANTS.items():  # variants in turn within a seed
+                if variant not in a.variants:
+                    continue
                 logdir = run_dir(out, level, variant, seed)
+                key = (atari.short(level), variant, seed)
+                if atari.kept_done(out, "atari_replay.csv", logdir,
+                                   lambda row: (row["game"], row["variant"], int(row["seed"])) == key,
+                                   a.frames, a.recipe_extra):
+                    continue
                 extra = atari.extra_flags(logdir, a.recipe_extra + ["--replay_parameters=" + json.dumps(spec)])
                 print("[atari_replay] %s" % variant, flush=True)
                 code = atari.run_game(a, level, seed, logdir, extra)

@@ -212,11 +212,16 @@ def suite(a, out):
         if error:
             raise SystemExit("mujoco: the SB3 peer could not be installed (%s); leave it out with "
                              "--contenders impala walle" % error)
+    # runs finished in another checkout: their folders are not here, mujoco.csv keeps them
+    kept = {(r["level"], r["contender"], int(r["seed"])) for r in common.read_csv(os.path.join(out, "mujoco.csv"))}
     for level in a.levels:
         for seed in a.seeds:
             for c in contenders:
                 logdir = run_dir(out, level, c, seed)
-                if common.read_json(os.path.join(logdir, "done.json")) is None:
+                if not os.path.exists(logdir) and (level, c, seed) in kept:
+                    print("[mujoco] %s %s seed %d: finished in another checkout, kept in mujoco.csv; not run again"
+                          % (level, c, seed), flush=True)
+                elif common.read_json(os.path.join(logdir, "done.json")) is None:
                     run_one(a, level, c, seed, logdir, sb3_py)
     lines, every = [], []
     for level in TASKS:  # every task with finished runs, so that one table holds them all

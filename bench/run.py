@@ -603,6 +603,8 @@ def main():
                    "--recipe_extra=--compute_dtype=float32 where bfloat16 is the slower: "
                    "bench/results/2core-intel-r-xeon-r-processor/atari_levers.md); kept in the run folder "
                    "and shown in the table")
+    p.add_argument("--variants", nargs="+", default=list(atari_replay.VARIANTS), choices=list(atari_replay.VARIANTS),
+                   help="atari_replay: which variants to run or resume (default all; the table shows every run)")
     p.add_argument("--contenders", nargs="+", default=None, choices=mujoco.CONTENDERS,
                    help="mujoco: which systems to run (default all; the others' finished runs are still read)")
     p.add_argument("--peer_steps", type=int, default=1_000_000, help="mujoco: env steps of each PPO run")

@@ -91,3 +91,25 @@ def test_the_suite_runs_the_three_variants(tmp_path):
     assert per_frame["standard"] > 1.5 * per_frame["queue"] and per_frame["elite"] > 1.5 * per_frame["queue"]
     assert os.path.exists(os.path.join(out, "atari_replay_Breakout.png"))
     assert "one seed per variant" in open(os.path.join(out, "atari_replay.md")).read()
+
+
+def test_the_suite_does_not_run_again_what_another_checkout_finished(tmp_path):
+    """A fresh checkout keeps finished runs only in atari_replay.csv: asked for them again, the suite
+    starts no learner and rebuilds the table from what it keeps."""
+    import argparse
+    out = str(tmp_path)
+    budget = 200_000
+    for variant, final in (("queue", 10.0), ("standard", 20.0), ("elite", 30.0)):
+        d = _run(out, variant, 1, final)
+        json.dump({"batch_size": 32, "unroll_length": 32, "total_environment_frames": budget},
+                  open(os.path.join(d, "options.json"), "w"))
+    with open(os.path.join(out, "atari_replay.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, atari_replay.CSV_FIELDS)
+        w.writeheader()
+        w.writerows({k: r[k] for k in atari_replay.CSV_FIELDS} for r in atari_replay.collect(out))
+    shutil.rmtree(os.path.join(out, "replay_runs"))
+    a = argparse.Namespace(games=["BreakoutNoFrameskip-v4"], seeds=[1], frames=budget, recipe_extra=[],
+                           variants=list(atari_replay.VARIANTS), actors=1, base_port=19990)
+    lines = atari_replay.suite(a, out)
+    assert not os.path.exists(os.path.join(out, "replay_runs"))  # a run started would have its folder there
+    assert sum(line.startswith("| Breakout |") for line in lines) == 3

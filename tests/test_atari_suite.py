@@ -214,3 +214,25 @@ def test_the_five_games_are_summed_up_over_the_machines_that_ran_them(tmp_path):
         in "\n".join(lines)
     assert lines[-1] == "Not at 40,000,000 frames yet: BeamRider (not run), Seaquest (28.0M frames), " \
                         "SpaceInvaders (not run)."
+
+
+def test_a_run_finished_in_another_checkout_is_not_run_again(tmp_path):
+    out = str(tmp_path)
+    with open(os.path.join(out, "atari.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, atari.CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerow({"game": "Qbert", "seed": 1, "frames": 40001536, "budget": 40000000, "extra_flags": ""})
+        w.writerow({"game": "Seaquest", "seed": 1, "frames": 28800000, "budget": 40000000, "extra_flags": ""})
+    qbert = lambda row: (row["game"], int(row["seed"])) == ("Qbert", 1)  # noqa: E731
+    absent = os.path.join(out, "atari_runs", "Qbert_s1")
+    assert atari.kept_done(out, "atari.csv", absent, qbert, 40_000_000, [])
+    # another budget, a run kept short of it, a folder that is here: the suite runs or resumes them
+    assert not atari.kept_done(out, "atari.csv", absent, qbert, 50_000_000, [])
+    seaquest = lambda row: (row["game"], int(row["seed"])) == ("Seaquest", 1)  # noqa: E731
+    assert not atari.kept_done(out, "atari.csv", os.path.join(out, "atari_runs", "Seaquest_s1"), seaquest,
+                               40_000_000, [])
+    os.makedirs(absent)
+    assert not atari.kept_done(out, "atari.csv", absent, qbert, 40_000_000, [])
+    os.rmdir(absent)
+    with pytest.raises(SystemExit, match="--recipe_extra --compute_dtype=float32: .*atari.csv keeps this run"):
+        atari.kept_done(out, "atari.csv", absent, qbert, 40_000_000, ["--compute_dtype=float32"])

@@ -102,3 +102,17 @@ def test_runs_without_a_folder_keep_their_rows_and_curves(tmp_path):
     _impala(out, "HalfCheetah-v5", 1, [100, 4500])
     text = "\n".join(mujoco.suite(a, out))
     assert text.count("| impala | 1 |") == 1 and "| impala | 1 | 80,000 | 4500 |" in text
+
+
+def test_runs_finished_in_another_checkout_are_not_run_again(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    _impala(out, "HalfCheetah-v5", 1, [100, 3000, 5200])
+    a = types.SimpleNamespace(seeds=[], contenders=["impala"], levels=["HalfCheetah-v5"], target=None)
+    mujoco.suite(a, out)
+    shutil.rmtree(mujoco.runs_dir(out, "HalfCheetah-v5"))
+    started = []
+    monkeypatch.setattr(mujoco, "run_one", lambda *args: started.append(args[1:4]))
+    a.seeds = [1, 2]  # seed 1 is kept in mujoco.csv; seed 2 has never run
+    text = "\n".join(mujoco.suite(a, out))
+    assert started == [("HalfCheetah-v5", "impala", 2)]
+    assert "| impala | 1 | 120,000 | 5200 |" in text

@@ -7,7 +7,7 @@
   .venv/bin/python bench/run.py pong_long --seeds --peers sf rllib   # the peers' own Pong settings, 70 min each
   .venv/bin/python bench/run.py atari --games BreakoutNoFrameskip-v4 --frames 40000000 --seeds 1   # bench/atari.py
   .venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 --frames 10000000 --seeds 1   # bench/atari_replay.py
-  .venv/bin/python bench/run.py mujoco --frames 3000000 --peer_budget_s 1200 --seeds 1 2 3   # bench/mujoco.py
+  .venv/bin/python bench/run.py mujoco --frames 3000000 --peer_budget_s 1200 --seeds 1 2 3   # bench/mujoco_suite.py
 
 Peers live in their own virtual environments, made by bench/peers/install.sh from the
 package registry (Stable-Baselines3, Sample Factory 2.1.1 and RLlib 2.60.0, each with torch
@@ -33,7 +33,7 @@ import time
 from local_cluster import LocalCluster, obey_ctrl_c
 from bench import atari
 from bench import atari_replay
-from bench import mujoco
+from bench import mujoco_suite
 from bench import cartpole_impala
 from bench import ceiling
 from bench import common
@@ -581,7 +581,7 @@ def _si(n):
 
 SUITES = {"throughput": suite_throughput, "cartpole": suite_cartpole, "scaling": suite_scaling,
           "pong_long": suite_pong_long, "atari": atari.suite, "atari_replay": atari_replay.suite,
-          "mujoco": mujoco.suite}
+          "mujoco": mujoco_suite.suite}
 
 
 def main():
@@ -605,12 +605,12 @@ def main():
                    "and shown in the table")
     p.add_argument("--variants", nargs="+", default=list(atari_replay.VARIANTS), choices=list(atari_replay.VARIANTS),
                    help="atari_replay: which variants to run or resume (default all; the table shows every run)")
-    p.add_argument("--contenders", nargs="+", default=None, choices=mujoco.CONTENDERS,
+    p.add_argument("--contenders", nargs="+", default=None, choices=mujoco_suite.CONTENDERS,
                    help="mujoco: which systems to run (default all; the others' finished runs are still read)")
     p.add_argument("--peer_steps", type=int, default=1_000_000, help="mujoco: env steps of each PPO run")
     p.add_argument("--target", type=float, default=None, help="mujoco: the return whose time to reach is timed "
-                   "(default: the task's own, bench/mujoco.py TASKS)")
-    p.add_argument("--levels", nargs="+", default=["HalfCheetah-v5"], choices=sorted(mujoco.TASKS),
+                   "(default: the task's own, bench/mujoco_suite.py TASKS)")
+    p.add_argument("--levels", nargs="+", default=["HalfCheetah-v5"], choices=sorted(mujoco_suite.TASKS),
                    help="mujoco: the tasks to run (the table shows every task with finished runs)")
     p.add_argument("--no_sample_factory", action="store_true", help="throughput: leave the Sample Factory peer out")
     p.add_argument("--no_rllib", action="store_true", help="throughput: leave the RLlib peer out")

@@ -93,3 +93,13 @@ def test_code_names_techniques_not_seed_files():
             if pattern.search(line):
                 hits.append("%s:%d" % (f, i))
     assert not hits, hits
+
+
+def test_no_bench_module_shadows_an_installed_one():
+    """`python bench/x.py` puts bench/ first on sys.path, so a bench module named like an installed
+    package (bench/mujoco.py once) is what gymnasium's MuJoCo envs import in that process."""
+    import importlib.util
+    shadows = [f for f in _tracked("bench/*.py")
+               if os.path.dirname(f) == "bench" and not f.endswith("__init__.py")
+               and importlib.util.find_spec(os.path.basename(f)[:-3]) is not None]
+    assert not shadows, shadows

@@ -7,7 +7,7 @@ import os
 import shutil
 import types
 
-from bench import mujoco
+from bench import mujoco_suite as mujoco
 
 
 def _done(folder, command="cmd"):

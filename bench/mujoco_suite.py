@@ -24,7 +24,8 @@ section per task to <out>/mujoco.md, every run to mujoco.csv and every curve to 
 
 Run folders are not committed, so a fresh checkout has the results folder without them. A run whose
 folder is not here keeps its row and curve, read back from mujoco.csv and mujoco_curves.csv, instead
-of dropping out of the tables the next invocation writes (a run in a folder here replaces its kept row).
+of dropping out of the tables the next invocation writes (a run in a folder here replaces its kept row),
+and is not run again when asked for.
 """
 import collections
 import csv

@@ -22,7 +22,7 @@ from local_cluster import LocalCluster, obey_ctrl_c
 from bench import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-UNROLL = 20  # both settings' --unroll_length
+UNROLL = 20  # both settings' --unroll_length, which learner samples/s counts
 
 
 def variants(capacity):
@@ -52,11 +52,11 @@ def parse_args():
 def base_flags(a, atari):
     """experiment.py's flags shared by every variant: Pong's settings for Atari, CartPole's otherwise."""
     if atari:
-        flags = ["--agent_name=SimpleConvNetAgent", "--batch_size=32", "--unroll_length=20",
+        flags = ["--agent_name=SimpleConvNetAgent", "--batch_size=32", "--unroll_length=%d" % UNROLL,
                  "--envs_per_actor=32", "--queue_capacity=64", "--entropy_cost=0.0006", "--learning_rate=0.0006",
                  "--gradients_clipping=40"]
     else:
-        flags = ["--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=20", "--envs_per_actor=8",
+        flags = ["--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=%d" % UNROLL, "--envs_per_actor=8",
                  "--queue_capacity=32", "--entropy_cost=0.01", "--learning_rate=0.001"]
     return flags + ["--level_name=" + a.level, "--total_environment_frames=%d" % a.frames, "--log_every_s=5",
                     "--seed=%d" % a.seed]

@@ -3,15 +3,25 @@ one setting changed at a time, on one game and the same cores.
 
     .venv/bin/python bench/atari_levers.py --game BreakoutNoFrameskip-v4 --frames 1000000
     .venv/bin/python bench/atari_levers.py --variants recipe sgd2 size42 --frames 3000000 --seeds 1 2
+    .venv/bin/python bench/atari_levers.py --game SeaquestNoFrameskip-v4 --frames 500000 --table replay_levers \
+        --variants recipe replay_uniform replay_uniform_sgd1 replay_uniform_clip_mu replay_uniform_recent
+
+The replay_* variants add bench/atari_replay.py's replay (half of each batch from a buffer) with one
+setting changed, to find which part of the recipe makes uniform replay's entropy collapse there
+(docs/replay.md#measured); the table's entropy column is the policy's at the run's end. --extra adds
+flags to every variant, after the recipe's and the variant's: a short run's rate would otherwise
+decay to 0 at --frames instead of at a real run's budget.
 
 Each variant is one local cluster (1 learner + --actors actors x the recipe's 32 envs) run to --frames;
 the variants take turns within each seed (interleaved), so a slow spell of the machine hits all alike.
 frames/s is the median of the learner's progress rows after the first fifth of the run (start-up and
 tracing left out); the score is the mean of the last 100 whole games at the end (at a short budget
-an early sign only). Writes <out>/atari_levers.md and .csv.
+an early sign only). Writes <out>/<--table>.md and .csv.
 """
 import argparse
+import copy
 import csv
+import json
 import os
 import re
 import sys
@@ -19,11 +29,22 @@ import tempfile
 
 import numpy as np
 
-from bench import common
+from bench import atari_replay, common
 from bench import run as bench_run
 from local_cluster import LocalCluster, obey_ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def replay(kind, capacity=None):
+    """--replay_parameters of bench/atari_replay.py's `kind` variant, its buffer resized to `capacity`."""
+    spec = copy.deepcopy(atari_replay.VARIANTS[kind][1])
+    if capacity is not None:
+        spec[-1]["capacity"] = capacity
+    return ["--replay_parameters=" + json.dumps(spec)]
+
+
+UNIFORM = "uniform replay, half of each batch from 1,000 unrolls (bench/atari_replay.py's)"
 VARIANTS = {  # name: (what it changes, the flags after the recipe's)
     "recipe": ("configs/atari.flags as it is: 84x84, 4 passes x 4 minibatches, batch 32 x 32, bfloat16", []),
     "sgd2": ("2 passes over each batch", ["--num_sgd_iter=2"]),
@@ -41,6 +62,16 @@ VARIANTS = {  # name: (what it changes, the flags after the recipe's)
                      ["--queue_capacity=64", "--actor_send_ahead"]),
     "lag_prefetch0": ("no batch dequeued ahead of the update", ["--prefetch_batches=0"]),
     "lag_one_actor": ("1 actor process of 32 envs instead of 2", []),
+    # Replay's levers: which part of the recipe makes uniform replay collapse.
+    "replay_uniform": (UNIFORM, replay("standard")),
+    "replay_elite": ("elite replay, half of each batch (bench/atari_replay.py's)", replay("elite")),
+    "replay_uniform_recent": ("uniform replay from the newest 100 unrolls (about 6 batches old at most)",
+                              replay("standard", 100)),
+    "replay_uniform_sgd1": (UNIFORM + ", 1 pass", replay("standard") + ["--num_sgd_iter=1"]),
+    "replay_uniform_clip_mu": (UNIFORM + ", PPO's ratio against the actors' policy mu (--clip_ratio_to=behaviour)",
+                               replay("standard") + ["--clip_ratio_to=behaviour"]),
+    "replay_uniform_noadvnorm": (UNIFORM + ", advantages not standardised", replay("standard") +
+                                 ["--nonormalize_advantages"]),
 }
 ACTORS = {"lag_one_actor": 1}  # variants that change the actor processes rather than a flag
 
@@ -48,7 +79,8 @@ ACTORS = {"lag_one_actor": 1}  # variants that change the actor processes rather
 def run_variant(a, name, seed):
     logdir = tempfile.mkdtemp(prefix="atari_lever_")
     flags = ["--flagfile=" + os.path.join(ROOT, "configs", "atari.flags"), "--level_name=" + a.game,
-             "--seed=%d" % seed, "--total_environment_frames=%d" % a.frames, "--log_every_s=10"] + VARIANTS[name][1]
+             "--seed=%d" % seed, "--total_environment_frames=%d" % a.frames, "--log_every_s=10"]
+    flags += VARIANTS[name][1] + a.extra.split()
     print("[levers] %s seed %d" % (name, seed), flush=True)
     with LocalCluster(ACTORS.get(name, a.actors), a.base_port, flags, logdir) as cluster:
         code = cluster.wait()
@@ -60,7 +92,7 @@ def run_variant(a, name, seed):
     lags = [float(x) for x in re.findall(r"\| lag ([0-9.]+) \|", log)]
     return {"variant": name, "seed": seed, "fps": float(np.median(late)), "frames": summary["frames"],
             "elapsed_s": summary["elapsed_s"], "lag": float(np.median(lags)) if lags else float("nan"),
-            "score": float(last.get("mean_return_100") or last["mean_return_20"]),
+            "score": float(last.get("mean_return_100") or last["mean_return_20"]), "entropy": float(last["entropy"]),
             "bottleneck": summary["time_breakdown"]["bottleneck"], "error": ""}
 
 
@@ -75,27 +107,30 @@ def main():
     p.add_argument("--actors", type=int, default=2)
     p.add_argument("--base_port", type=int, default=19800)
     p.add_argument("--out", default=None, help="default bench/results/<machine>/")
+    p.add_argument("--extra", default="", help="flags added to every variant, e.g. --extra=--learning_rate_decay=none")
+    p.add_argument("--table", default="atari_levers", help="the results' file name, without .md or .csv")
     a = p.parse_args()
     out, machine = bench_run.results_dir(a.out)
     results = [run_variant(a, name, seed) for seed in a.seeds for name in a.variants]
-    with open(os.path.join(out, "atari_levers.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, ["variant", "seed", "fps", "frames", "elapsed_s", "lag", "score", "bottleneck", "error"])
+    with open(os.path.join(out, a.table + ".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, ["variant", "seed", "fps", "frames", "elapsed_s", "lag", "score", "entropy", "bottleneck",
+                               "error"])
         w.writeheader()
         w.writerows(results)
     base = np.median([r["fps"] for r in results if r["variant"] == "recipe" and not r["error"]] or [np.nan])
-    lines = ["# %s, configs/atari.flags with one lever changed, %s frames per run, learning on\n" % (
-        a.game, "{:,}".format(a.frames)),
+    lines = ["# %s, configs/atari.flags%s with one lever changed, %s frames per run, learning on\n" % (
+        a.game, " " + a.extra if a.extra else "", "{:,}".format(a.frames)),
              "| variant | what it changes | seed | frames/s | vs recipe | policy lag (batches) | "
-             "score (last 100 games) at the end | bottleneck |", "|---|---|---|---|---|---|---|---|"]
+             "score (last 100 games) at the end | entropy at the end | bottleneck |", "|---" * 9 + "|"]
     for r in results:
         if r["error"]:
-            lines.append("| %s | %s | %d | failed: %s | | | | |" % (r["variant"], VARIANTS[r["variant"]][0], r["seed"],
-                                                               r["error"]))
+            lines.append("| %s | %s | %d | failed: %s | | | | | |" % (
+                r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["error"]))
             continue
-        lines.append("| %s | %s | %d | %.0f | %.2fx | %.1f | %.1f | %s |" % (
+        lines.append("| %s | %s | %d | %.0f | %.2fx | %.1f | %.1f | %.2f | %s |" % (
             r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["fps"], r["fps"] / base, r["lag"], r["score"],
-            r["bottleneck"]))
-    bench_run.write_table(out, "atari_levers", lines, machine)
+            r["entropy"], r["bottleneck"]))
+    bench_run.write_table(out, a.table, lines, machine)
     return 0
 
 

@@ -93,6 +93,27 @@ def test_many_cores_refuses_a_recipe_that_is_not_there(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_every_lever_is_a_valid_run_of_the_recipe():
+    """bench/atari_levers.py: each variant's flags after configs/atari.flags parse and pass the run
+    checks (replay JSON included), so no lever fails only after the ones before it have run."""
+    from bench import atari_levers
+    code = ("import json, sys\n"
+            "import experiment\n"
+            "for name, flags in json.loads(sys.argv[1]).items():\n"
+            "    experiment.FLAGS.unparse_flags()\n"
+            "    experiment.FLAGS(['experiment.py', '--flagfile=configs/atari.flags'] + flags)\n"
+            "    experiment.validate_run()\n"
+            "    print('valid', name, experiment.FLAGS.clip_ratio_to, experiment.FLAGS.num_sgd_iter)\n")
+    variants = {name: flags for name, (_, flags) in atari_levers.VARIANTS.items()}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(variants)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if line.startswith("valid ")]) == len(variants)
+    assert "valid replay_uniform_clip_mu behaviour 4" in r.stdout
+    assert "valid replay_uniform_sgd1 batch_start 1" in r.stdout
+
+
 def test_a_run_keeps_the_flags_it_started_with(tmp_path):
     """--recipe_extra: a new run records its flags; a resume asked for none keeps them; others are refused."""
     d = str(tmp_path / "Breakout_s1")

@@ -3,8 +3,9 @@ one setting changed at a time, on one game and the same cores.
 
     .venv/bin/python bench/atari_levers.py --game BreakoutNoFrameskip-v4 --frames 1000000
     .venv/bin/python bench/atari_levers.py --variants recipe sgd2 size42 --frames 3000000 --seeds 1 2
-    .venv/bin/python bench/atari_levers.py --game SeaquestNoFrameskip-v4 --frames 500000 --table replay_levers \
-        --variants recipe replay_uniform replay_uniform_sgd1 replay_uniform_clip_mu replay_uniform_recent
+    .venv/bin/python bench/atari_levers.py --game SeaquestNoFrameskip-v4 --frames 400000 --table replay_levers \
+        --extra=--learning_rate_decay=none --variants recipe replay_uniform replay_uniform_recent \
+        replay_uniform_clip_mu replay_uniform_sgd1
 
 The replay_* variants add bench/atari_replay.py's replay (half of each batch from a buffer) with one
 setting changed, to find which part of the recipe makes uniform replay's entropy collapse there

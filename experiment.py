@@ -157,11 +157,13 @@ flags.DEFINE_bool("normalize_advantages", False, "Standardise the policy-gradien
                   "each minibatch to mean 0, std 1 (PPO's habit); off in IMPALA.")
 flags.DEFINE_float("clip_param", 0.0, "PPO clip of the policy ratio pi/mu in the policy-gradient "
                    "term (APPO); 0: the plain V-trace policy gradient of IMPALA.")
-flags.DEFINE_enum("clip_ratio_to", "behaviour", ["behaviour", "batch_start"], "What --clip_param's "
-                  "ratio compares the policy with: behaviour: the actors' policy mu (RLlib's APPO "
-                  "without a target network); batch_start: the learner's policy pi_old when the batch "
-                  "arrived (PPO's ratio, 1 at the first step however stale the batch), with V-trace "
-                  "correcting mu -> pi_old.")
+flags.DEFINE_enum("clip_ratio_to", "behaviour", ["behaviour", "batch_start", "fresh_batch_start"],
+                  "What --clip_param's ratio compares the policy with: behaviour: the actors' policy mu "
+                  "(RLlib's APPO without a target network); batch_start: the learner's policy pi_old when "
+                  "the batch arrived (PPO's ratio, 1 at the first step however stale the batch), with "
+                  "V-trace correcting mu -> pi_old; fresh_batch_start: batch_start for the queue's unrolls "
+                  "and behaviour for replayed ones, whose trust region would otherwise start afresh each "
+                  "time they are drawn (docs/replay.md#measured).")
 flags.DEFINE_enum("vtrace_targets", "every_step", ["every_step", "batch_start"], "When V-trace's value "
                   "targets and advantages are computed: every_step: in each gradient step from the values "
                   "as they are then (IMPALA); batch_start: once per batch from the values and policy as it "

@@ -71,6 +71,9 @@ VARIANTS = {  # name: (what it changes, the flags after the recipe's)
     "replay_uniform_sgd1": (UNIFORM + ", 1 pass", replay("standard") + ["--num_sgd_iter=1"]),
     "replay_uniform_clip_mu": (UNIFORM + ", PPO's ratio against the actors' policy mu (--clip_ratio_to=behaviour)",
                                replay("standard") + ["--clip_ratio_to=behaviour"]),
+    "replay_uniform_fresh_clip": (UNIFORM + ", PPO's ratio against pi_old on the queue's unrolls and against mu on "
+                                  "replayed ones (--clip_ratio_to=fresh_batch_start)",
+                                  replay("standard") + ["--clip_ratio_to=fresh_batch_start"]),
     "replay_uniform_noadvnorm": (UNIFORM + ", advantages not standardised", replay("standard") +
                                  ["--nonormalize_advantages"]),
 }

@@ -178,7 +178,7 @@ class Learner:
 
     def anchored(self):
         """Whether the clipped surrogate's ratio is taken against pi_old (--clip_ratio_to)."""
-        return self.flags.clip_param > 0 and self.flags.clip_ratio_to == "batch_start"
+        return self.flags.clip_param > 0 and self.flags.clip_ratio_to in ("batch_start", "fresh_batch_start")
 
     def needs_batch_start_targets(self):
         return self.flags.vtrace_targets == "batch_start" or self.agent.return_normaliser is not None
@@ -191,6 +191,8 @@ class Learner:
         arrived, V-trace's targets then in return units, or None where nothing reads them)."""
         if self.anchored():
             batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
+        if self.anchored() and self.flags.clip_ratio_to == "fresh_batch_start":
+            batch = dict(batch, **loss_lib.fresh_steps(batch))
         if not self.needs_batch_start_targets():
             return batch, None
         targets = loss_lib.vtrace_targets(out, batch, self.flags)

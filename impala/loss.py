@@ -94,6 +94,17 @@ def standardise(advantages):
     return (advantages - mean) / (tf.sqrt(var) + 1e-8)
 
 
+def fresh_steps(batch):
+    """{"batch_start/fresh": [T, B] bool}, True on the steps of the queue's unrolls (the batch's
+    "fresh" [B]; all of them where it has none): --clip_ratio_to=fresh_batch_start takes the
+    ratio of the other, replayed, steps against the actors' policy."""
+    shape = tf.shape(batch["action"])[:2]
+    fresh = batch.get("fresh")
+    if fresh is None:
+        return {BATCH_START_PREFIX + "fresh": tf.ones(shape, tf.bool)}
+    return {BATCH_START_PREFIX + "fresh": tf.broadcast_to(tf.cast(fresh, tf.bool)[None, :], shape)}
+
+
 MAX_LOG_RATIO = 20.0  # exp(20) = 4.9e8: far past any clip, far below float32's 3.4e38
 
 
@@ -111,12 +122,15 @@ def bounded_ratio(log_ratio):
 def policy_ratio(vt, logits, batch, fixed=False):
     """r_s of the clipped surrogate: pi / mu against the behaviour policy mu, or (with
     --clip_ratio_to=batch_start) pi / pi_old, exactly 1 at the batch's first step however far
-    the actors' policy lags behind. `fixed`: vt was computed at the batch's start, so its
+    the actors' policy lags behind; with fresh_batch_start, pi / pi_old on the queue's steps and
+    pi / mu on replayed ones. `fixed`: vt was computed at the batch's start, so its
     log_rhos are not the current policy's."""
     if batch.get("old_logits") is None and not fixed:
         return bounded_ratio(vt.log_rhos)
     log_pi = policy_of(batch).log_prob(logits, batch["action"])
     reference = vt.behaviour_action_log_probs if batch.get("old_logits") is None else vt.target_action_log_probs
+    if BATCH_START_PREFIX + "fresh" in batch:  # --clip_ratio_to=fresh_batch_start: replayed steps against mu
+        reference = tf.where(batch[BATCH_START_PREFIX + "fresh"], reference, vt.behaviour_action_log_probs)
     return bounded_ratio(log_pi - reference)
 
 

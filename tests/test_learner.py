@@ -134,6 +134,29 @@ def test_clip_ratio_to_batch_start_keeps_a_stale_batch_learning():
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-6)
 
 
+def test_fresh_batch_start_clips_replayed_steps_against_mu():
+    """--clip_ratio_to=fresh_batch_start: the same stale batch with env 0 from the queue and env 1
+    replayed. Env 0 moves as under batch_start; env 1's ratio is taken against mu (0.4 with a
+    negative advantage: past the clip), so it gets no gradient, as under behaviour."""
+    T, B, A = 1, 2, 2
+    batch = {"reward": tf.constant([[1.0, -1.0]]), "done": tf.constant([[True, True]]),
+             "action": tf.constant([[0, 0]]), "behaviour_logits": tf.zeros([1, B, A]),
+             "fresh": tf.constant([True, False])}
+    baseline = tf.zeros([T + 1, B])
+    l0 = np.log([[0.8, 0.2], [0.2, 0.8]]).astype(np.float32)[None]
+    logits = tf.Variable(tf.concat([l0, tf.zeros([1, B, A])], axis=0))
+    flags = _flags(clip_param=0.2, entropy_cost=0.0, baseline_cost=0.0, clip_ratio_to="fresh_batch_start")
+    anchored = dict(batch, old_logits=tf.constant(l0), **loss_lib.fresh_steps(batch))
+    with tf.GradientTape() as tape:
+        loss, _ = loss_lib.compute_losses(_out(logits, baseline), anchored, flags)
+    grad = tape.gradient(loss, logits).numpy()[0]
+    pi = np.exp(l0[0])
+    np.testing.assert_allclose(grad[0], -1.0 * (np.array([1, 0]) - pi[0]), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grad[1], 0.0, atol=1e-7)
+    # Without a "fresh" field every step counts as the queue's: batch_start's gradient throughout.
+    assert loss_lib.fresh_steps({"action": batch["action"]})["batch_start/fresh"].numpy().all()
+
+
 def test_clip_ratio_to_batch_start_in_a_learner_step(tmp_path):
     """The learner computes pi_old once per batch; its first gradient step equals the
     behaviour-ratio step when the actors acted with the learner's own policy."""
@@ -270,6 +293,7 @@ def _one_update(tmp_path, level, weights=None, **kw):
     ("Pendulum-v1", dict(clip_param=0.1, clip_ratio_to="batch_start", normalize_returns=True,
                          normalize_advantages=True)),
     ("Pendulum-v1", dict(clip_param=0.1, clip_ratio_to="behaviour")),
+    ("CartPole-v1", dict(clip_param=0.1, clip_ratio_to="fresh_batch_start")),
     ("CartPole-v1", dict())])
 def test_targets_fixed_at_the_batch_start_equal_every_step_targets_in_a_single_step(tmp_path, level, kw):
     """--vtrace_targets=batch_start computes V-trace once per batch; with one gradient step per

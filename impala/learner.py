@@ -191,8 +191,8 @@ class Learner:
         arrived, V-trace's targets then in return units, or None where nothing reads them)."""
         if self.anchored():
             batch = dict(batch, old_logits=tf.stop_gradient(out.policy_logits[:-1]))
-        if self.anchored() and self.flags.clip_ratio_to == "fresh_batch_start":
-            batch = dict(batch, **loss_lib.fresh_steps(batch))
+            if self.flags.clip_ratio_to == "fresh_batch_start":
+                batch = dict(batch, **loss_lib.fresh_steps(batch))
         if not self.needs_batch_start_targets():
             return batch, None
         targets = loss_lib.vtrace_targets(out, batch, self.flags)

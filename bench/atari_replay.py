@@ -1,6 +1,7 @@
 """The PyTorch V-trace platform's replay claim on Atari (`bench/run.py atari_replay`): with
 configs/atari.flags, at the same frame budget, queue only against queue + uniform replay against
-queue + elite replay.
+queue + elite replay; and uniform replay again with --clip_ratio_to=fresh_batch_start, which anchors
+the replayed steps' PPO ratio to the actors' policy (standard_fresh_clip, docs/replay.md#measured).
 
     .venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 SeaquestNoFrameskip-v4 \\
         --frames 10000000 --seeds 1 --recipe_extra=--compute_dtype=float32
@@ -34,14 +35,19 @@ from bench import atari, common
 
 QUEUE_HALF = {"type": "queue", "capacity": 1, "sample_ratio": 0.5}
 CAPACITY = 1000
-VARIANTS = {  # name: (what it is, --replay_parameters)
-    "queue": ("queue only (no replay)", [{"type": "queue", "capacity": 1, "sample_ratio": 1}]),
-    "standard": ("queue + uniform replay, half of each batch",
-                 [QUEUE_HALF, {"type": "standard", "capacity": CAPACITY, "sample_ratio": 0.5, "compress": True}]),
+STANDARD = [QUEUE_HALF, {"type": "standard", "capacity": CAPACITY, "sample_ratio": 0.5, "compress": True}]
+VARIANTS = {  # name: (what it is, --replay_parameters, the variant's own flags after the recipe's)
+    "queue": ("queue only (no replay)", [{"type": "queue", "capacity": 1, "sample_ratio": 1}], []),
+    "standard": ("queue + uniform replay, half of each batch", STANDARD, []),
     "elite": ("queue + elite replay, half of each batch (ln_norm, lambda 6, alfa 2.0)",
               [QUEUE_HALF, {"type": "custom", "capacity": CAPACITY, "sample_ratio": 0.5, "compress": True,
                             "sample_strategy": "elite_sampling", "dist_function": "ln_norm",
-                            "lambda_batch_multiplier": 6, "alfa_annealing_factor": 2.0}]),
+                            "lambda_batch_multiplier": 6, "alfa_annealing_factor": 2.0}], []),
+    # The recipe's batch_start trust region restarts on every draw of a replayed unroll, the likely
+    # cause of uniform replay's collapse (replay_levers.md); this variant anchors replayed steps to mu.
+    "standard_fresh_clip": ("queue + uniform replay as standard, the replayed steps' PPO ratio against the "
+                            "actors' policy (--clip_ratio_to=fresh_batch_start)", STANDARD,
+                            ["--clip_ratio_to=fresh_batch_start"]),
 }
 CSV_FIELDS = ["game", "variant", "seed", "frames", "return_last100", "best_last100", "train_seconds", "fps",
               "learner_samples_per_s", "resumed_at", "extra_flags", "budget"]
@@ -60,24 +66,39 @@ def summarise(logdir, game, variant, seed):
     options = common.read_json(os.path.join(logdir, "options.json"), {})
     samples = r["updates"] * options.get("batch_size", 32) * options.get("unroll_length", 32)
     _, _, score = r["curve"]
-    r.update(variant=variant, best_last100=float(np.nanmax(score)),
+    # The variant, not the flag, names its replay settings and own flags: "extra" keeps what was asked
+    # with --recipe_extra, which the Command line and a kept run's check (atari.kept_done) compare.
+    own = VARIANTS[variant][2]
+    extra = [f for f in r["extra"] if f not in own]
+    r.update(variant=variant, best_last100=float(np.nanmax(score)), extra=extra,
              learner_samples_per_s=samples / r["train_seconds"] if r["train_seconds"] > 0 else float("nan"),
-             extra_flags=" ".join(f for f in r["extra"] if not f.startswith("--replay_parameters=")))
+             extra_flags=" ".join(f for f in extra if not f.startswith("--replay_parameters=")))
     return r
 
 
 def verdict(game, runs):
-    """One sentence on elite replay against uniform replay and the queue, beyond the seeds' spread."""
+    """Sentences on elite replay against uniform replay and the queue, and on the fresh clip's uniform
+    replay where it has runs, each only beyond the seeds' spread."""
     final = {v: [r["return_last100"] for r in runs if r["variant"] == v] for v in VARIANTS}
     missing = [name for v, name in (("elite", "elite"), ("standard", "uniform")) if not final[v]]
     if missing:
-        return "%s: %s replay has no run yet, so there is no comparison." % (game, " and ".join(missing))
-    if min(len(final["elite"]), len(final["standard"])) < 2:
-        return ("%s: one seed per variant, so the run-to-run spread is not measured and no difference can be "
-                "called beyond it." % game)
+        words = ["%s: %s replay has no run yet, so there is no comparison." % (game, " and ".join(missing))]
+    else:
+        words = [compare(game, "elite replay", final, "elite", ("standard", "queue"))]
+    if final["standard_fresh_clip"] and final["standard"]:
+        words.append(compare(game, "uniform replay with the fresh clip", final, "standard_fresh_clip",
+                             ("standard", "queue")))
+    return " ".join(words)
+
+
+def compare(game, name, final, variant, others):
+    """One sentence on `variant`'s final scores against each of `others`' with runs, beyond the spread."""
+    if min(len(final[variant]), len(final[others[0]])) < 2:
+        return ("%s: one seed of %s or of %s, so the run-to-run spread is not measured and no difference can be "
+                "called beyond it." % (game, name, others[0]))
     words = []
-    lo, hi = min(final["elite"]), max(final["elite"])
-    for other in ("standard", "queue"):
+    lo, hi = min(final[variant]), max(final[variant])
+    for other in others:
         if not final[other]:
             continue
         if lo > max(final[other]):
@@ -86,7 +107,7 @@ def verdict(game, runs):
             words.append("below %s on every seed" % other)
         else:
             words.append("within the seeds' spread of %s" % other)
-    return "%s: elite replay is %s." % (game, " and ".join(words))
+    return "%s: %s is %s." % (game, name, " and ".join(words))
 
 
 def table(runs):
@@ -137,7 +158,7 @@ def suite(a, out):
     """Runs (or resumes) each game, seed and variant to a.frames, then the table of every run (collect)."""
     for level in a.games:
         for seed in a.seeds:
-            for variant, (_, spec) in VARIANTS.items():  # variants in turn within a seed
+            for variant, (_, spec, own) in VARIANTS.items():  # variants in turn within a seed
                 if variant not in a.variants:
                     continue
                 logdir = run_dir(out, level, variant, seed)
@@ -146,7 +167,7 @@ def suite(a, out):
                                    lambda row: (row["game"], row["variant"], int(row["seed"])) == key,
                                    a.frames, a.recipe_extra):
                     continue
-                extra = atari.extra_flags(logdir, a.recipe_extra + ["--replay_parameters=" + json.dumps(spec)])
+                extra = atari.extra_flags(logdir, a.recipe_extra + ["--replay_parameters=" + json.dumps(spec)] + own)
                 print("[atari_replay] %s" % variant, flush=True)
                 code = atari.run_game(a, level, seed, logdir, extra)
                 if code not in (None, 0):
@@ -160,7 +181,7 @@ def suite(a, out):
     games = sorted({r["game"] for r in runs})
     for game in games:
         plot(game, [r for r in runs if r["game"] == game], a.frames, out)
-    return ["# Replay on Atari at %s frames, %s: queue only, uniform replay, elite replay" % (
+    return ["# Replay on Atari at %s frames, %s: queue only against replay variants" % (
                 "{:,}".format(a.frames), atari.RECIPE), "",
             "Score: mean of the last 100 whole-game training returns. Variants: %s. Replay capacity %d unrolls, "
             "lz4-compressed. Learner samples/s counts every unroll step trained on, replayed or new. A resumed run's "

@@ -1,6 +1,6 @@
 """bench/run.py atari_replay: the run folders it reads (one per game, variant and seed; others left
 alone), learner samples/s from the updates, the verdict against the seeds' spread, and, slow, a real
-tiny run of the three variants through the suite."""
+tiny run of every variant through the suite."""
 import csv
 import json
 import os
@@ -64,17 +64,39 @@ def test_the_verdict_needs_two_seeds_and_names_the_spread(tmp_path):
     out = str(tmp_path)
     for variant, finals in (("queue", (10.0, 12.0)), ("standard", (20.0, 40.0)), ("elite", (30.0, 35.0))):
         _run(out, variant, 1, finals[0])
-    assert "one seed per variant" in atari_replay.verdict("Breakout", atari_replay.collect(out))
+    assert "spread is not measured" in atari_replay.verdict("Breakout", atari_replay.collect(out))
     for variant, finals in (("queue", (10.0, 12.0)), ("standard", (20.0, 40.0)), ("elite", (30.0, 35.0))):
         _run(out, variant, 2, finals[1])
     assert atari_replay.verdict("Breakout", atari_replay.collect(out)) == (
         "Breakout: elite replay is within the seeds' spread of standard and above queue on every seed.")
 
 
+def test_the_fresh_clip_variant_gets_its_own_sentence(tmp_path):
+    out = str(tmp_path)
+    for seed, finals in ((1, (10.0, 2.0, 30.0, 15.0)), (2, (12.0, 3.0, 35.0, 16.0))):
+        for variant, final in zip(("queue", "standard", "elite", "standard_fresh_clip"), finals):
+            _run(out, variant, seed, final)
+    assert atari_replay.verdict("Breakout", atari_replay.collect(out)).endswith(
+        "Breakout: uniform replay with the fresh clip is above standard on every seed and above queue on every "
+        "seed.")
+
+
+def test_a_variants_own_flags_are_not_taken_for_asked_ones(tmp_path):
+    """The fresh-clip variant starts with its own flag after the replay parameters: its row and the
+    Command line show only what --recipe_extra asked, so that asking the same again is no conflict."""
+    out = str(tmp_path)
+    d = _run(out, "standard_fresh_clip", 1, 5.0)
+    json.dump(["--compute_dtype=float32", "--replay_parameters=[]", "--clip_ratio_to=fresh_batch_start"],
+              open(os.path.join(d, "extra_flags.json"), "w"))
+    (r,) = atari_replay.collect(out)
+    assert r["extra"] == ["--compute_dtype=float32", "--replay_parameters=[]"]
+    assert r["extra_flags"] == "--compute_dtype=float32"
+
+
 @pytest.mark.slow
-def test_the_suite_runs_the_three_variants(tmp_path):
-    """Three real Breakout runs of a few updates each: one folder per variant with its replay
-    parameters, the replay variants training on about twice the samples per env frame."""
+def test_the_suite_runs_every_variant(tmp_path):
+    """Real Breakout runs of a few updates each: one folder per variant with its replay parameters
+    and own flags, the replay variants training on about twice the samples per env frame."""
     out = str(tmp_path)
     cmd = [sys.executable, os.path.join(ROOT, "bench", "run.py"), "atari_replay", "--games", "BreakoutNoFrameskip-v4",
            "--seeds", "1", "--frames", "16384", "--out", out, "--base_port", "19680",
@@ -82,15 +104,17 @@ def test_the_suite_runs_the_three_variants(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = {row["variant"]: row for row in csv.DictReader(open(os.path.join(out, "atari_replay.csv")))}
-    assert sorted(rows) == ["elite", "queue", "standard"] and all(int(x["frames"]) >= 16384 for x in rows.values())
-    for variant, (_, spec) in atari_replay.VARIANTS.items():
+    assert sorted(rows) == sorted(atari_replay.VARIANTS) and all(int(x["frames"]) >= 16384 for x in rows.values())
+    for variant, (_, spec, own) in atari_replay.VARIANTS.items():
         options = json.load(open(os.path.join(atari_replay.run_dir(out, "BreakoutNoFrameskip-v4", variant, 1),
                                               "options.json")))
         assert json.loads(options["replay_parameters"]) == spec
+        assert options["clip_ratio_to"] == ("fresh_batch_start" if own else "batch_start")  # the recipe's otherwise
+        assert rows[variant]["extra_flags"] == "--compute_dtype=float32"  # what --recipe_extra asked, no more
     per_frame = {v: float(x["learner_samples_per_s"]) / float(x["fps"]) for v, x in rows.items()}
-    assert per_frame["standard"] > 1.5 * per_frame["queue"] and per_frame["elite"] > 1.5 * per_frame["queue"]
+    assert all(per_frame[v] > 1.5 * per_frame["queue"] for v in rows if v != "queue")
     assert os.path.exists(os.path.join(out, "atari_replay_Breakout.png"))
-    assert "one seed per variant" in open(os.path.join(out, "atari_replay.md")).read()
+    assert "spread is not measured" in open(os.path.join(out, "atari_replay.md")).read()
 
 
 def test_the_suite_does_not_run_again_what_another_checkout_finished(tmp_path):
@@ -99,8 +123,8 @@ def test_the_suite_does_not_run_again_what_another_checkout_finished(tmp_path):
     import argparse
     out = str(tmp_path)
     budget = 200_000
-    for variant, final in (("queue", 10.0), ("standard", 20.0), ("elite", 30.0)):
-        d = _run(out, variant, 1, final)
+    for variant in atari_replay.VARIANTS:
+        d = _run(out, variant, 1, 10.0)
         json.dump({"batch_size": 32, "unroll_length": 32, "total_environment_frames": budget},
                   open(os.path.join(d, "options.json"), "w"))
     with open(os.path.join(out, "atari_replay.csv"), "w", newline="") as f:
@@ -112,4 +136,4 @@ def test_the_suite_does_not_run_again_what_another_checkout_finished(tmp_path):
                            variants=list(atari_replay.VARIANTS), actors=1, base_port=19990)
     lines = atari_replay.suite(a, out)
     assert not os.path.exists(os.path.join(out, "replay_runs"))  # a run started would have its folder there
-    assert sum(line.startswith("| Breakout |") for line in lines) == 3
+    assert sum(line.startswith("| Breakout |") for line in lines) == len(atari_replay.VARIANTS)

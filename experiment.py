@@ -376,14 +376,28 @@ def validate_run():
         raise UsageError(str(e))
     from impala import replay
     try:
-        replay.parse_replay_parameters(FLAGS.replay_parameters)
+        specs = replay.parse_replay_parameters(FLAGS.replay_parameters)
     except replay.ReplayConfigError as e:
         raise UsageError(str(e))
+    if FLAGS.job_name == "learner":
+        warn_replay_trust_region(specs)
     if FLAGS.job_name == "actor":
         try:
             placement.actor_learner(placement.from_flags(FLAGS), FLAGS.task)
         except placement.PlacementError as e:
             raise UsageError(str(e))
+
+
+def warn_replay_trust_region(specs):
+    """A valid but known-bad pairing, said once at the learner's start: under batch_start a replayed
+    unroll's trust region starts afresh on every draw, and uniform replay collapsed on Atari so."""
+    replayed = [i for i, s in enumerate(specs) if s.type != "queue"]
+    if FLAGS.clip_param > 0 and FLAGS.clip_ratio_to == "batch_start" and replayed:
+        log("warning: --clip_ratio_to=batch_start with replay (--replay_parameters entry %s): the clip's ratio "
+            "restarts at 1 each time an unroll is replayed, so reuse can push the policy along the same "
+            "advantages again and again; uniform replay collapsed on Atari so (docs/replay.md#measured). "
+            "--clip_ratio_to=fresh_batch_start takes replayed steps' ratio against the actors' policy."
+            % ", ".join(map(str, replayed)))
 
 
 # ----------------------------------------------------------------- jobs

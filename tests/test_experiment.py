@@ -24,6 +24,9 @@ CARTPOLE = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=8
             "--entropy_cost=0.01", "--learning_rate=0.001", "--log_every_s=1"]
 
 
+UNIFORM_HALF = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
+                '{"type": "standard", "capacity": 100, "sample_ratio": 0.5}]')
+
 def _free_base_port():
     import socket
     for base in range(20000, 40000, 50):
@@ -117,6 +120,25 @@ def test_a_recipe_is_a_valid_run(recipe, names, expected):
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr
     assert "recipe " + expected in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("flags,warned", [
+    (["--replay_parameters=" + UNIFORM_HALF], True),
+    (["--replay_parameters=" + UNIFORM_HALF, "--clip_ratio_to=fresh_batch_start"], False),
+    (["--replay_parameters=" + UNIFORM_HALF, "--job_name=actor", "--task=0"], False),
+    ([], False)])  # the recipe alone has no replay
+def test_the_learner_warns_of_batch_start_with_replay(flags, warned):
+    """configs/atari.flags (batch_start) with a replay buffer: the learner says once, naming the entry,
+    that replayed unrolls' trust region restarts on every draw and which option anchors them."""
+    code = ("import sys, experiment\n"
+            "experiment.FLAGS(['experiment.py', '--flagfile=configs/atari.flags'] + sys.argv[1:])\n"
+            "experiment.validate_run()\n")
+    r = subprocess.run([PY, "-c", code] + flags, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("warning: --clip_ratio_to=batch_start")]
+    assert len(lines) == (1 if warned else 0), r.stdout
+    assert not warned or "(--replay_parameters entry 1)" in lines[0] and "fresh_batch_start" in lines[0]
 
 
 @pytest.mark.parametrize("flag,expected", [([], True), (["--noonednn"], False)])

@@ -381,7 +381,7 @@ def validate_run():
         raise UsageError(str(e))
     if FLAGS.job_name == "learner":
         warn_replay_trust_region(specs)
-    if FLAGS.job_name == "actor":
+    elif FLAGS.job_name == "actor":
         try:
             placement.actor_learner(placement.from_flags(FLAGS), FLAGS.task)
         except placement.PlacementError as e:
@@ -389,8 +389,9 @@ def validate_run():
 
 
 def warn_replay_trust_region(specs):
-    """A valid but known-bad pairing, said once at the learner's start: under batch_start a replayed
-    unroll's trust region starts afresh on every draw, and uniform replay collapsed on Atari so."""
+    """A valid but known-bad pairing, said at each learner rank's start (before Horovod, so every
+    rank says it): under batch_start a replayed unroll's trust region starts afresh on every draw,
+    and uniform replay collapsed on Atari so."""
     replayed = [i for i, s in enumerate(specs) if s.type != "queue"]
     if FLAGS.clip_param > 0 and FLAGS.clip_ratio_to == "batch_start" and replayed:
         log("warning: --clip_ratio_to=batch_start with replay (--replay_parameters entry %s): the clip's ratio "

@@ -27,6 +27,7 @@ CARTPOLE = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=8
 UNIFORM_HALF = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
                 '{"type": "standard", "capacity": 100, "sample_ratio": 0.5}]')
 
+
 def _free_base_port():
     import socket
     for base in range(20000, 40000, 50):

@@ -121,19 +121,22 @@ def main():
                                "error"])
         w.writeheader()
         w.writerows(results)
-    base = np.median([r["fps"] for r in results if r["variant"] == "recipe" and not r["error"]] or [np.nan])
+    # Each row is compared with the recipe's run of its own seed (interleaved with it), or, where the
+    # recipe was not asked for, with the first variant's: a run that asks for no recipe row still has ratios.
+    base_name = "recipe" if "recipe" in a.variants else a.variants[0]
+    base = {r["seed"]: r["fps"] for r in results if r["variant"] == base_name and not r["error"]}
     lines = ["# %s, configs/atari.flags%s with one lever changed, %s frames per run, learning on\n" % (
         a.game, " " + a.extra if a.extra else "", "{:,}".format(a.frames)),
-             "| variant | what it changes | seed | frames/s | vs recipe | policy lag (batches) | "
-             "score (last 100 games) at the end | entropy at the end | bottleneck |", "|---" * 9 + "|"]
+             "| variant | what it changes | seed | frames/s | vs %s (same seed) | policy lag (batches) | "
+             "score (last 100 games) at the end | entropy at the end | bottleneck |" % base_name, "|---" * 9 + "|"]
     for r in results:
         if r["error"]:
             lines.append("| %s | %s | %d | failed: %s | | | | | |" % (
                 r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["error"]))
             continue
         lines.append("| %s | %s | %d | %.0f | %.2fx | %.1f | %.1f | %.2f | %s |" % (
-            r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["fps"], r["fps"] / base, r["lag"], r["score"],
-            r["entropy"], r["bottleneck"]))
+            r["variant"], VARIANTS[r["variant"]][0], r["seed"], r["fps"], r["fps"] / base.get(r["seed"], np.nan),
+            r["lag"], r["score"], r["entropy"], r["bottleneck"]))
     bench_run.write_table(out, a.table, lines, machine)
     return 0
 

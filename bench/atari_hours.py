@@ -41,7 +41,7 @@ def read_run(path):
     raw_t = np.array([float(r["time_s"]) for r in rows])
     frames = np.array([float(r["frames"]) for r in rows])
     episodes = np.array([float(r["episodes"]) for r in rows])
-    score = np.array([float(r["mean_return_100"]) for r in rows])
+    score = np.array([float(r["mean_return_100"] or "nan") for r in rows])
     # episodes counts from each (re)start of the learner, as time_s does.
     score[episodes < WINDOW] = np.nan
     return frames, plotcurve.stitched(raw_t), score

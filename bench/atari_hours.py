@@ -69,40 +69,62 @@ def cell(x, fmt="{:,.0f}"):
     return fmt.format(x) if np.isfinite(x) else "-"
 
 
-def tables(runs, minutes_step, frames_step):
-    """The Markdown lines: the runs, score at equal minutes, score and minutes at equal frames,
-    and minutes to reach fractions of the best final score."""
-    names = list(runs)
+def header(first, names):
+    """A table's two header lines: `first`, then one column per run."""
+    return ["| %s | %s |" % (first, " | ".join(names)), "|---" * (len(names) + 1) + "|"]
+
+
+def runs_table(runs):
     lines = ["| run | file | frames | training minutes | frames/s | score at its end |", "|---" * 6 + "|"]
     for name, (path, (f, t, s)) in runs.items():
         lines.append("| %s | `%s` | %s | %.0f | %s | %s |" % (
             name, path, cell(f[-1]), t[-1] / 60, cell(f[-1] / t[-1]), cell(at(f, s, f[-1]))))
-    top_t = max(t[-1] for _, (_, (_, t, _)) in runs.items()) / 60
-    lines += ["", "Score at equal training time (frames reached in brackets):", "",
-              "| minutes | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for m in grid(top_t, minutes_step):
+    return lines
+
+
+def at_minutes(runs, step):
+    """Score at every `step` training minutes, with the frames each run had reached then."""
+    curves = [curve for _, curve in runs.values()]
+    lines = ["", "Score at equal training time (frames reached in brackets):", ""] + header("minutes", list(runs))
+    for m in grid(max(t[-1] for _, t, _ in curves) / 60, step):
         cells = []
-        for _, (f, t, s) in runs.values():
+        for f, t, s in curves:
             i = np.searchsorted(t, m * 60, side="right") - 1
             cells.append("%s (%sM)" % (cell(at(t, s, m * 60)), cell(f[i] / 1e6, "{:.1f}")) if t[-1] >= m * 60
                          else "-")
         lines.append("| %d | %s |" % (m, " | ".join(cells)))
-    top_f = max(f[-1] for _, (f, _, _) in runs.values())
-    lines += ["", "Score at equal frames (training minutes in brackets):", "",
-              "| frames | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for x in grid(top_f, frames_step):
+    return lines
+
+
+def at_frames(runs, step):
+    """Score at every `step` frames, with the training minutes each run took to reach them."""
+    curves = [curve for _, curve in runs.values()]
+    lines = ["", "Score at equal frames (training minutes in brackets):", ""] + header("frames", list(runs))
+    for x in grid(max(f[-1] for f, _, _ in curves), step):
         cells = []
-        for _, (f, t, s) in runs.values():
+        for f, t, s in curves:
             i = np.searchsorted(f, x, side="left")
             cells.append("%s (%.0f min)" % (cell(at(f, s, x)), t[i] / 60) if f[-1] >= x else "-")
         lines.append("| %sM | %s |" % (cell(x / 1e6, "{:g}"), " | ".join(cells)))
-    best = max(at(f, s, f[-1]) for _, (f, _, s) in runs.values())
-    lines += ["", "Training minutes until the score first reached a share of the best final score (%s):"
-              % cell(best), "", "| share | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    return lines
+
+
+def to_shares(runs):
+    """Training minutes until each run's score first reached shares of the best final score."""
+    curves = [curve for _, curve in runs.values()]
+    best = max(at(f, s, f[-1]) for f, _, s in curves)
+    lines = ["", "Training minutes until the score first reached a share of the best final score (%s):"
+             % cell(best), ""] + header("share", list(runs))
     for share in (0.5, 0.75, 0.9):
         lines.append("| %d %% (%s) | %s |" % (share * 100, cell(share * best), " | ".join(
-            cell(first_reach(t, s, share * best) / 60) for _, (_, t, s) in runs.values())))
+            cell(first_reach(t, s, share * best) / 60) for _, t, s in curves)))
     return lines
+
+
+def tables(runs, minutes_step, frames_step):
+    """The Markdown lines: the runs, score at equal minutes, score and minutes at equal frames,
+    and minutes to reach shares of the best final score."""
+    return runs_table(runs) + at_minutes(runs, minutes_step) + at_frames(runs, frames_step) + to_shares(runs)
 
 
 def plot(game, runs, path):

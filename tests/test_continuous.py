@@ -95,8 +95,10 @@ def test_pendulum_learns_and_plays_in_test_mode(tmp_path):
     _train(logdir, ["--flagfile=%s/configs/pendulum.flags" % ROOT, "--seed=3", "--log_every_s=2"], timeout=240)
     rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
     assert int(rows[-1]["frames"]) >= 500000
-    best = max(float(r["mean_return_20"]) for r in rows)
-    first, last = float(rows[0]["mean_return_100"]), float(rows[-1]["mean_return_100"])
+    # A slow machine writes its first rows before a 200-step game has ended; those read nan.
+    scored = [r for r in rows if r["mean_return_100"] != "nan"]
+    best = max(float(r["mean_return_20"]) for r in scored)
+    first, last = float(scored[0]["mean_return_100"]), float(scored[-1]["mean_return_100"])
     assert best > -700 and last > first + 300, "best mean of 20 games %.0f; mean of 100: %.0f at first, %.0f at " \
         "the end" % (best, first, last)
     r = _run_experiment(["--mode=test", "--load_model_url=" + logdir, "--test_num_episodes=5"])

@@ -4,7 +4,7 @@ short run's score cannot: bench/atari_levers.py measures speed and only an early
 
     .venv/bin/python bench/atari_hours.py --game Breakout \
         --run "recipe=bench/results/<machine>/atari_Breakout_seed1_metrics.csv" \
-        --run "sgd2=bench/results/<machine>/atari_sgd2/atari_runs/Breakout_s1"
+        --run "sgd2=bench/results/<machine>/atari_sgd2/atari_Breakout_seed1_metrics.csv"
 
 Each --run is NAME=PATH, PATH a run folder (its metrics.csv) or a copy of one's metrics.csv (the
 Atari suite keeps one beside its table). The runs should come from the same machine kind with

@@ -57,6 +57,9 @@ VARIANTS = {  # name: (what it changes, the flags after the recipe's)
     "bfloat16": ("bfloat16 compute (the recipe's own setting, for a run that compares dtypes)",
                  ["--compute_dtype=bfloat16"]),
     "float32_sgd2": ("float32 compute, 2 passes", ["--compute_dtype=float32", "--num_sgd_iter=2"]),
+    "nature": ("DQN's Nature net (32-64-64 convs, FC 512), the published PPO tables' net",
+               ["--agent_name=NatureConvNetAgent"]),
+    "nature_sgd2": ("the Nature net, 2 passes", ["--agent_name=NatureConvNetAgent", "--num_sgd_iter=2"]),
     "batch64": ("batch 64 unrolls", ["--batch_size=64", "--queue_capacity=128"]),
     # The policy lag's levers: how many batches old the weights are that the actors act on.
     "lag_defaults": ("queue of two batches, actors send ahead (the defaults)",

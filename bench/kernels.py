@@ -2,6 +2,7 @@
 
   .venv/bin/python bench/kernels.py onednn --rounds 2
   .venv/bin/python bench/kernels.py compute_dtype --rounds 3
+  .venv/bin/python bench/kernels.py net --workloads atari --rounds 3 --compute_dtype=float32
 
 Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
 TensorFlow reads once at import), `compute_dtype` (--compute_dtype=float32/bfloat16, the
@@ -13,7 +14,10 @@ The learner update runs with TensorFlow's default threads (all cores), as the le
 the actor step in a process of its own with 1 thread, as actors run (--actor_threads=1).
 Workloads: Pong at 84x84 (SimpleConvNetAgent, batch 32 x unroll 20, RMSProp, 1 pass; actor
 step with 32 envs), the Pong recipe at 42x42 (configs/pong.flags: batch 32 x unroll 32, Adam,
-4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32 envs), and CartPole (MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs).
+4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32 envs), CartPole (MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs) and the Atari recipe
+(configs/atari.flags on Breakout: 84x84, batch 32 x unroll 32, 4 passes x 4 minibatches). The table
+also gives each learner update's frames/s: the most that learner could train on all cores with no
+actor beside it, so a run's frames/s target above it cannot be met on these cores whatever the actors do.
 Writes bench/results/<machine>/<lever>.md.
 """
 import argparse
@@ -33,9 +37,11 @@ WORKLOADS = {
     "pong": ["--level_name=PongNoFrameskip-v4", "--agent_name=SimpleConvNetAgent", "--batch_size=32",
              "--unroll_length=20", "--envs_per_actor=32"],
     "pong42": ["--flagfile=" + os.path.join(ROOT, "configs", "pong.flags")],  # the Pong recipe
+    "atari": ["--flagfile=" + os.path.join(ROOT, "configs", "atari.flags"), "--level_name=BreakoutNoFrameskip-v4"],
     "cartpole": ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=16", "--unroll_length=16",
                  "--envs_per_actor=16", "--optimizer=adam", "--num_sgd_iter=8", "--clip_param=0.2"],
 }
+DEFAULT_WORKLOADS = ["pong", "pong42", "cartpole"]  # the Atari recipe's update takes seconds: asked for by name
 # lever -> its two settings: (label, environment, experiment.py flags)
 LEVERS = {
     "onednn": [("oneDNN off", {"TF_ENABLE_ONEDNN_OPTS": "0"}, []),
@@ -43,6 +49,7 @@ LEVERS = {
     "compute_dtype": [("float32", {}, ["--compute_dtype=float32"]),
                       ("bfloat16", {}, ["--compute_dtype=bfloat16"])],
     "xla": [("graph", {}, []), ("XLA", {"BENCH_JIT_COMPILE": "1"}, [])],  # jit_compile of the measured function
+    "net": [("shallow", {}, ["--agent_name=SimpleConvNetAgent"]), ("Nature", {}, ["--agent_name=NatureConvNetAgent"])],
 }
 PARTS = {"update_s": "learner update", "step_s": "actor step"}
 
@@ -80,8 +87,9 @@ def random_batch(lrn):
 
 
 def measure(part, argv, reps):
-    """In this process (the setting as the environment and argv say): seconds per update
-    (part update_s) or per actor step (part step_s, 1 TensorFlow thread)."""
+    """In this process (the setting as the environment and argv say): {part: seconds} per update
+    (part update_s, with the frames each update trains) or per actor step (part step_s, 1
+    TensorFlow thread)."""
     import tensorflow as tf
     if part == "step_s":
         tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -93,14 +101,15 @@ def measure(part, argv, reps):
         frames = tf.constant(1, tf.int64)
         update = tf.function(lrn._step, autograph=False, jit_compile=True) if jit else lrn._train_step
         update(batch, frames)  # trace
-        return timed(lambda: update(batch, frames)["grad_norm"].numpy(), 5, reps)
+        return {part: timed(lambda: update(batch, frames)["grad_norm"].numpy(), 5, reps),
+                "frames_per_update": lrn.live_frames_per_update}
     E = lrn.flags.envs_per_actor
     step = tf.function(lambda o, f, s: lrn.agent(o, f, s), jit_compile=jit)
     o = tf.constant(batch["observation"][0, :E])
     first = tf.zeros([E], tf.bool)
     state = lrn.agent.initial_state(E)
     step(o, first, state)
-    return timed(lambda: step(o, first, state)[0].action.numpy(), 50, reps)
+    return {part: timed(lambda: step(o, first, state)[0].action.numpy(), 50, reps)}
 
 
 def child_json(script, args, env, what):
@@ -113,10 +122,12 @@ def child_json(script, args, env, what):
     return json.loads(lines[-1])
 
 
-def run_child(lever, setting, workload, part, reps):
+def run_child(lever, setting, workload, part, reps, extra=()):
+    """The child's figures: {part: seconds} and, for an update, its frames_per_update. `extra`
+    flags go after the workload's and before the setting's, so the lever's own setting wins."""
     label, env, argv = setting
-    return child_json(__file__, [lever, "--child", part, "--reps", str(reps)] + WORKLOADS[workload] + argv,
-                      env, "%s %s (%s)" % (workload, part, label))[part]
+    return child_json(__file__, [lever, "--child", part, "--reps", str(reps)] + WORKLOADS[workload] + list(extra)
+                      + argv, env, "%s %s (%s)" % (workload, part, label))
 
 
 def table(lever, res, rounds, info, workloads):
@@ -128,8 +139,15 @@ def table(lever, res, rounds, info, workloads):
     for w in workloads:
         for part, label in PARTS.items():
             x, y = (statistics.median(res[(w, part, s)]) for s in (a, b))
-            lines.append("| %s %s | %.2f ms | %.2f ms | **%.2f** |" % (w, label, 1e3 * x, 1e3 * y, x / y))
-    return lines
+            cells = ["%.2f ms" % (1e3 * t) + learner_alone(res, w, part, s, t) for s, t in ((a, x), (b, y))]
+            lines.append("| %s %s | %s | %s | **%.2f** |" % (w, label, cells[0], cells[1], x / y))
+    return lines + ["", "An update's frames/s in brackets: the frames each update trains over its time, the most "
+                    "that learner trains on all cores with no actor beside it."]
+
+
+def learner_alone(res, workload, part, setting, seconds):
+    frames = res.get((workload, "frames_per_update", setting)) if part == "update_s" else None
+    return " (%.0f frames/s)" % (frames / seconds) if frames else ""
 
 
 def main():
@@ -137,11 +155,11 @@ def main():
     p.add_argument("lever", choices=sorted(LEVERS))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=list(WORKLOADS))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a, argv = p.parse_known_args()  # the child's experiment.py flags
     if a.child:
-        print(json.dumps({a.child: measure(a.child, argv, a.reps)}), flush=True)
+        print(json.dumps(measure(a.child, argv, a.reps)), flush=True)
         return 0
     from bench import common, run as harness  # not at the top: see the note on the imports
     res = {}
@@ -149,11 +167,15 @@ def main():
         for w in a.workloads:
             for part in PARTS:
                 for setting in LEVERS[a.lever]:
-                    t = run_child(a.lever, setting, w, part, a.reps)
+                    got = run_child(a.lever, setting, w, part, a.reps, argv)
+                    t = got[part]
                     res.setdefault((w, part, setting[0]), []).append(t)
+                    if "frames_per_update" in got:
+                        res[(w, "frames_per_update", setting[0])] = got["frames_per_update"]
                     print("round %d %s %s %s: %.2f ms" % (r + 1, w, part, setting[0], 1e3 * t), flush=True)
     out, info = harness.results_dir()
-    chosen = "" if a.workloads == list(WORKLOADS) else " --workloads " + " ".join(a.workloads)
+    chosen = "" if a.workloads == DEFAULT_WORKLOADS else " --workloads " + " ".join(a.workloads)
+    chosen += (" --reps %d" % a.reps if a.reps != 5 else "") + "".join(" " + x for x in argv)
     lines = table(a.lever, res, a.rounds, info, a.workloads) + [
         "", "Command: `.venv/bin/python bench/kernels.py %s --rounds %d%s`" % (a.lever, a.rounds, chosen), "",
         harness.machine_line(info)]

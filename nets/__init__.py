@@ -10,18 +10,20 @@ Variables are created on the first call (Sonnet 2 builds lazily).
 from nets import distributions
 from nets.base import (AgentOutput, LSTMAgent, RunningNormaliser, freeze_casts, normalisers, orthogonal_init,
                        preprocess_observation, published_variables)
-from nets.conv import SimpleConvNetAgent
+from nets.conv import NatureConvNetAgent, SimpleConvNetAgent
 from nets.mlp import MLPAgent, MLPLSTMAgent
 from nets.resnet import ResNetAgent, ResNetLSTMAgent
 
 _AGENTS = {
     "SimpleConvNetAgent": SimpleConvNetAgent,
+    "NatureConvNetAgent": NatureConvNetAgent,
     "ResNetAgent": ResNetAgent,
     "ResNetLSTMAgent": ResNetLSTMAgent,
     "MLPAgent": MLPAgent,
     "MLPLSTMAgent": MLPLSTMAgent,
 }
 AGENT_NAMES = tuple(_AGENTS)
+FRAME_SIZED = ("SimpleConvNetAgent", "NatureConvNetAgent")  # built for the frame size they are given
 
 
 def is_recurrent(agent_name):
@@ -33,7 +35,8 @@ def is_recurrent(agent_name):
 def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activation=None):
     """The agent called `agent_name` acting with `actions`: a number of discrete actions or a
     distribution of nets/distributions.py (DiagGaussian(d) for d-dimensional continuous actions);
-    `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size;
+    `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size (and
+    NatureConvNetAgent refuse frames too small for it);
     `mlp_hidden` (widths) and `mlp_activation` ("tanh", "relu") shape the MLP agents' torsos."""
     if agent_name not in _AGENTS:
         raise ValueError(
@@ -43,8 +46,8 @@ def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activat
         policy = distributions.make(actions)
     except ValueError as e:
         raise ValueError(f"{agent_name}: {e}") from None
-    if agent_name == "SimpleConvNetAgent" and obs_shape is not None and len(obs_shape) == 3:
-        return SimpleConvNetAgent(policy, frame_size=(obs_shape[1], obs_shape[0]))  # (width, height)
+    if agent_name in FRAME_SIZED and obs_shape is not None and len(obs_shape) == 3:
+        return _AGENTS[agent_name](policy, frame_size=(obs_shape[1], obs_shape[0]))  # (width, height)
     if agent_name in ("MLPAgent", "MLPLSTMAgent"):
         options = {k: v for k, v in (("hidden", mlp_hidden), ("activation", mlp_activation)) if v is not None}
         return _AGENTS[agent_name](policy, **options)
@@ -53,4 +56,4 @@ def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activat
 
 __all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "is_recurrent", "make_agent", "RunningNormaliser",
            "normalisers", "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
-           "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]
+           "NatureConvNetAgent", "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]

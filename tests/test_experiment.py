@@ -86,6 +86,8 @@ def _run_experiment(args, timeout=120):
     (["--level_name=CartPole-v1", "--agent_name=SimpleConvNetAgent"], "MLPAgent"),
     (["--level_name=HalfCheetah-v5", "--agent_name=MLPAgent", "--mlp_hidden=64,x"], "--mlp_hidden=64,x"),
     (["--width=16"], "--width"),
+    (["--agent_name=NatureConvNetAgent", "--width=32", "--height=32"],
+     "--agent_name=NatureConvNetAgent with --width=32 --height=32"),
     (["--env_backend=python", "--obs_transfer=frames"], "--obs_transfer=frames"),
     (["--learner_threads=-1"], "learner_threads"),
     (["--minibatch_over=steps"], "--vtrace_targets=batch_start"),

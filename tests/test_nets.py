@@ -8,6 +8,7 @@ import nets
 NUM_ACTIONS = 5
 OBS = {  # agent name -> (observation shape, dtype)
     "SimpleConvNetAgent": ((84, 84, 4), np.uint8),
+    "NatureConvNetAgent": ((84, 84, 4), np.uint8),
     "ResNetAgent": ((84, 84, 4), np.uint8),
     "ResNetLSTMAgent": ((84, 84, 4), np.uint8),
     "MLPAgent": ((4,), np.float32),
@@ -121,7 +122,7 @@ def test_gradients_reach_every_variable(name):
         assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient for {var.name}"
 
 
-@pytest.mark.parametrize("name", ["SimpleConvNetAgent", "ResNetLSTMAgent", "MLPAgent"])
+@pytest.mark.parametrize("name", ["SimpleConvNetAgent", "NatureConvNetAgent", "ResNetLSTMAgent", "MLPAgent"])
 def test_bfloat16_torso_keeps_float32_variables_and_outputs_close_to_float32(name):
     """--compute_dtype=bfloat16: same variables (float32, so checkpoints and published weights
     do not change), outputs and gradients within bfloat16's ~3 significant digits of float32's."""
@@ -188,7 +189,23 @@ def test_simple_conv_fits_its_first_conv_to_the_frame_size(size, kernel, stride)
     assert x.shape == (1, 9, 9, 32)
 
 
-@pytest.mark.parametrize("name", ["SimpleConvNetAgent", "ResNetAgent"])
+def test_nature_conv_has_the_published_shapes_and_refuses_frames_too_small():
+    """DQN's net on 84x84: a 7x7x64 map into 512 units (1.69M weights, as in the Nature paper's
+    net with its own heads); below 36 pixels its third conv has nothing to see."""
+    agent = nets.make_agent("NatureConvNetAgent", NUM_ACTIONS, (84, 84, 4))
+    agent(np.zeros((1, 84, 84, 4), np.uint8), np.zeros(1, bool), ())
+    torso = agent._torso
+    assert [tuple(c.w.shape) for c in (torso._conv0, torso._conv1, torso._conv2)] == [
+        (8, 8, 4, 32), (4, 4, 32, 64), (3, 3, 64, 64)]
+    assert tuple(torso._linear.w.shape) == (7 * 7 * 64, 512)
+    assert sum(int(np.prod(v.shape)) for v in torso.trainable_variables) == 1_684_128
+    agent = nets.make_agent("NatureConvNetAgent", NUM_ACTIONS, (36, 36, 4))
+    assert agent(np.zeros((1, 36, 36, 4), np.uint8), np.zeros(1, bool), ())[0].policy_logits.shape == (1, NUM_ACTIONS)
+    with pytest.raises(ValueError, match=r"at least 36x36 pixels.*got 32x30: raise --width/--height"):
+        nets.make_agent("NatureConvNetAgent", NUM_ACTIONS, (30, 32, 4))
+
+
+@pytest.mark.parametrize("name", ["SimpleConvNetAgent", "NatureConvNetAgent", "ResNetAgent"])
 def test_uint8_frames_are_scaled_to_unit_floats(name):
     """uint8 frames reach the torso unscaled, the 1/255 folded into the first conv's kernel
     (ResNet: scaled before it); floats in [0, 1] go through unfolded: the same outputs."""

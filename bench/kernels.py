@@ -14,7 +14,8 @@ The learner update runs with TensorFlow's default threads (all cores), as the le
 the actor step in a process of its own with 1 thread, as actors run (--actor_threads=1).
 Workloads: Pong at 84x84 (SimpleConvNetAgent, batch 32 x unroll 20, RMSProp, 1 pass; actor
 step with 32 envs), the Pong recipe at 42x42 (configs/pong.flags: batch 32 x unroll 32, Adam,
-4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32 envs), CartPole (MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs) and the Atari recipe
+4 passes x 4 minibatches, clip 0.1 to the batch start; actor step with 32 envs), CartPole
+(MLPAgent, batch 16 x unroll 16, Adam, 8 passes; 16 envs) and, asked for by name, the Atari recipe
 (configs/atari.flags on Breakout: 84x84, batch 32 x unroll 32, 4 passes x 4 minibatches). The table
 also gives each learner update's frames/s: the most that learner could train on all cores with no
 actor beside it, so a run's frames/s target above it cannot be met on these cores whatever the actors do.

@@ -34,10 +34,16 @@ class SimpleConvTorso(snt.Module):
         self._linear = snt.Linear(256)
 
     def __call__(self, frames, frame_scale=1.0):  # [N, H, W, C] float; frames * frame_scale in [0, 1]
-        x = tf.nn.relu(folded_conv(self._conv0, frames, frame_scale))
-        x = tf.nn.relu(self._conv1(x))
-        x = snt.Flatten()(x)
-        return tf.nn.relu(self._linear(x))
+        return conv_stack((self._conv0, self._conv1), self._linear, frames, frame_scale)
+
+
+def conv_stack(convs, linear, frames, frame_scale):
+    """The conv torsos' forward pass: ReLU after each conv in turn (the frame scale folded into the
+    first), then ReLU(linear) of the flattened map."""
+    x = tf.nn.relu(folded_conv(convs[0], frames, frame_scale))
+    for conv in convs[1:]:
+        x = tf.nn.relu(conv(x))
+    return tf.nn.relu(linear(snt.Flatten()(x)))
 
 
 def folded_conv(conv, x, scale):
@@ -70,11 +76,7 @@ class NatureConvTorso(snt.Module):
         self._linear = snt.Linear(512)
 
     def __call__(self, frames, frame_scale=1.0):  # as SimpleConvTorso's
-        x = tf.nn.relu(folded_conv(self._conv0, frames, frame_scale))
-        x = tf.nn.relu(self._conv1(x))
-        x = tf.nn.relu(self._conv2(x))
-        x = snt.Flatten()(x)
-        return tf.nn.relu(self._linear(x))
+        return conv_stack((self._conv0, self._conv1, self._conv2), self._linear, frames, frame_scale)
 
 
 class SimpleConvNetAgent(FeedForwardAgent):

@@ -20,9 +20,9 @@ import sys
 
 import numpy as np
 
+from bench import atari
 from bench import common
 from bench import run as bench_run
-from tools import plotcurve
 
 WINDOW = 100  # games in metrics.csv's mean_return_100
 
@@ -38,13 +38,11 @@ def read_run(path):
     if missing:
         raise SystemExit("--run %s: %s lacks the column(s) %s; is it a learner's metrics.csv?"
                          % (path, csv_path, ", ".join(sorted(missing))))
-    raw_t = np.array([float(r["time_s"]) for r in rows])
-    frames = np.array([float(r["frames"]) for r in rows])
-    episodes = np.array([float(r["episodes"]) for r in rows])
-    score = np.array([float(r["mean_return_100"] or "nan") for r in rows])
+    frames, times, score = atari.curve(rows)
     # episodes counts from each (re)start of the learner, as time_s does.
+    episodes = np.array([float(r["episodes"]) for r in rows])
     score[episodes < WINDOW] = np.nan
-    return frames, plotcurve.stitched(raw_t), score
+    return frames, times, score
 
 
 def at(xs, score, x):
@@ -166,7 +164,7 @@ def main(argv=None):
     runs = {name: (path, read_run(path)) for name, path in a.run}
     out, machine = bench_run.results_dir(a.out)
     stem = "%s_%s" % (a.table, a.game)
-    lines = ["# %s: score per hour of training, %s" % (a.game, " against ".join(runs)), ""]
+    lines = ["# %s: %s, by training time and by frames" % (a.game, " against ".join(runs)), ""]
     lines += tables(runs, a.minutes_step, a.frames_step)
     lines += ["", "Curves: [%s.png](%s.png)" % (stem, stem)]
     plot(a.game, runs, os.path.join(out, stem + ".png"))

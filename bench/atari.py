@@ -9,9 +9,10 @@ metrics.csv, logs). A run that was cut off (Ctrl-C, a time limit, a restart) is 
 newest checkpoint with --mode=train_w_load the next time the suite is asked for it, and the frame
 count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a
 run that reached --frames is not run again, nor is one that atari.csv keeps from another checkout
-(below). Score = the mean of the last 100 whole-game training returns (metrics.csv's
-mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md, atari.csv and one curve
-per game (atari_<Game>.png); with the default --out, also bench/results/atari_five.md (across_machines).
+(below). Ctrl-C still writes the table, the cut run's row standing where it stopped. Score = the
+mean of the last 100 whole-game training returns (metrics.csv's mean_return_100), read at 10M, 20M
+and 40M frames. Writes <out>/atari.md, atari.csv and one curve per game (atari_<Game>.png); with the
+default --out, also bench/results/atari_five.md (across_machines).
 
 Run folders are not committed (checkpoints are large), so a fresh checkout of the repository has
 the results folder without them. Each run's metrics.csv is therefore copied beside the table
@@ -331,7 +332,13 @@ def collect(out):
 
 
 def suite(a, out):
-    """Runs (or resumes) each game and seed to a.frames, then the table of every run there (collect)."""
+    """Runs (or resumes) each game and seed to a.frames, then the table of every run there (collect);
+    Ctrl-C still writes the table (common.train_then_table)."""
+    return common.train_then_table(lambda: train(a, out), lambda: report(a, out))
+
+
+def train(a, out):
+    """Runs (or resumes) each game and seed to a.frames, one after the other."""
     for level in a.games:
         for seed in a.seeds:
             logdir = run_dir(out, level, seed)
@@ -343,6 +350,10 @@ def suite(a, out):
             code = run_game(a, level, seed, logdir, extra)
             if code not in (None, 0):
                 print("[atari] %s seed %d: the learner exited with %s" % (short(level), seed, code), flush=True)
+
+
+def report(a, out):
+    """The table of every run under `out` (collect), its atari.csv and curves, and atari_five.md."""
     runs = collect(out)
     csv_rows = [{k: r[k] for k in CSV_FIELDS} for r in runs]
     with open(os.path.join(out, "atari.csv"), "w", newline="") as f:

@@ -155,7 +155,13 @@ def collect(out):
 
 
 def suite(a, out):
-    """Runs (or resumes) each game, seed and variant to a.frames, then the table of every run (collect)."""
+    """Runs (or resumes) each game, seed and variant to a.frames, then the table of every run (collect);
+    Ctrl-C still writes the table (common.train_then_table)."""
+    return common.train_then_table(lambda: train(a, out), lambda: report(a, out))
+
+
+def train(a, out):
+    """Runs (or resumes) each game, seed and variant to a.frames, one after the other."""
     for level in a.games:
         for seed in a.seeds:
             for variant, (_, spec, own) in VARIANTS.items():  # variants in turn within a seed
@@ -173,6 +179,10 @@ def suite(a, out):
                 if code not in (None, 0):
                     print("[atari_replay] %s %s seed %d: the learner exited with %s" % (
                         atari.short(level), variant, seed, code), flush=True)
+
+
+def report(a, out):
+    """The table of every run under `out` (collect), with its atari_replay.csv, curves and verdicts."""
     runs = collect(out)
     with open(os.path.join(out, "atari_replay.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, CSV_FIELDS)

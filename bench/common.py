@@ -1,10 +1,11 @@
 """What the bench scripts share: a local cluster's shape as arguments and as experiment.py flags,
-reading back what its run left in its folder, writing a results table, and figures (matplotlib
-without a display) saved next to their table."""
+reading back what its run left in its folder, writing a results table (also when Ctrl-C cuts runs
+that resume), and figures (matplotlib without a display) saved next to their table."""
 import csv
 import json
 import os
 import shutil
+import time
 
 import matplotlib
 
@@ -55,6 +56,31 @@ def finished_run(logdir):
             log = f.read()
     shutil.rmtree(logdir, ignore_errors=True)
     return rows, summary, log
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C during a suite whose runs resume where they were cut (bench/atari.py): it carries the
+    suite's table of where the runs stood, for bench/run.py to write before it exits."""
+
+    def __init__(self, lines):
+        super().__init__()
+        self.lines = lines
+
+
+def train_then_table(train, table):
+    """train(), then table()'s lines. A run cut by Ctrl-C has checkpointed and is resumed by the
+    next invocation, so where it stood is a result: Ctrl-C during train() raises Stopped carrying
+    table()'s lines, marked as taken at the stop. A second Ctrl-C while the table is made stops
+    that too."""
+    try:
+        train()
+    except KeyboardInterrupt:
+        print("\n[stopped] Ctrl-C: writing the table of where the runs stood", flush=True)
+        lines = table()
+        lines[2:2] = ["Stopped by Ctrl-C on %s UTC: a run short of its budget stands where it was cut; the same "
+                      "command resumes it." % time.strftime("%Y-%m-%d %H:%M", time.gmtime()), ""]  # under the title
+        raise Stopped(lines)
+    return table()
 
 
 def write_lines(path, lines):

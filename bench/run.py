@@ -623,8 +623,11 @@ def main():
     a = p.parse_args()
     out = a.out or machine_dir()
     os.makedirs(out, exist_ok=True)
+    stopped = False
     try:
         lines = SUITES[a.suite](a, out)
+    except common.Stopped as stop:  # a suite whose runs resume: its table of where they stood
+        lines, stopped = stop.lines, True
     except KeyboardInterrupt:  # the clusters have stopped and checkpointed (LocalCluster's exit)
         print("\n[%s] stopped by Ctrl-C; the run folders keep what was written, and the atari, atari_replay "
               "and mujoco suites resume a cut-off run when asked for it again" % a.suite, flush=True)
@@ -635,7 +638,9 @@ def main():
     common.write_lines(path, lines)
     print("\n".join(lines))
     print("\nwrote %s" % path)
-    return 0
+    if stopped:
+        print("[%s] stopped by Ctrl-C; the same command resumes the runs cut short" % a.suite, flush=True)
+    return 130 if stopped else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """bench/run.py atari_replay: the run folders it reads (one per game, variant and seed; others left
 alone), learner samples/s from the updates, the verdict against the seeds' spread, and, slow, a real
 tiny run of every variant through the suite."""
+import argparse
 import csv
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import atari_replay
+from bench import atari_replay, common
 from tests.test_atari_suite import _metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +92,26 @@ def test_a_variants_own_flags_are_not_taken_for_asked_ones(tmp_path):
     (r,) = atari_replay.collect(out)
     assert r["extra"] == ["--compute_dtype=float32", "--replay_parameters=[]"]
     assert r["extra_flags"] == "--compute_dtype=float32"
+
+
+def test_ctrl_c_during_a_variant_still_gives_the_table(tmp_path, monkeypatch):
+    """Ctrl-C in the second variant's run: the suite raises common.Stopped carrying the table with
+    the first variant's finished row and the cut one's, for bench/run.py to write."""
+    out = str(tmp_path)
+
+    def train_or_cut(a, level, seed, logdir, extra):
+        variant = os.path.basename(logdir).rsplit("_s", 1)[0].split("_", 1)[1]
+        _run(out, variant, seed, 10.0)
+        if variant != "queue":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(atari_replay.atari, "run_game", train_or_cut)
+    a = argparse.Namespace(games=["BreakoutNoFrameskip-v4"], seeds=[1], frames=200_000, variants=["queue", "elite"],
+                           recipe_extra=[])
+    with pytest.raises(common.Stopped) as stop:
+        atari_replay.suite(a, out)
+    lines = stop.value.lines
+    assert lines[0].startswith("# Replay on Atari") and lines[2].startswith("Stopped by Ctrl-C on ")
+    assert [line.split("|")[2].strip() for line in lines if line.startswith("| Breakout |")] == ["queue", "elite"]
 
 
 @pytest.mark.slow

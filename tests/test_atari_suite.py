@@ -153,6 +153,33 @@ def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
     assert third.returncode == 0 and "resuming" not in third.stdout and "starting" not in third.stdout
 
 
+def test_ctrl_c_still_writes_the_table_of_where_the_runs_stood(tmp_path, monkeypatch):
+    """Ctrl-C during a game's run (it has checkpointed; the next invocation resumes it): bench/run.py
+    still writes atari.md and atari.csv with that run's row where it was cut, says so under the
+    title, and exits 130."""
+    from bench import run as bench_run
+    out = str(tmp_path)
+    cut_at = 3_000_448
+
+    def cut(a, level, seed, logdir, extra):
+        _metrics(logdir, [dict(time_s=600, frames=cut_at, updates=732, mean_return_20=5.0, episodes=150,
+                               mean_return_100=4.5)])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(atari, "run_game", cut)
+    monkeypatch.setattr(atari, "ceiling_fps", lambda logdir, level, screen: 20000.0)
+    monkeypatch.setattr(bench_run, "versions", lambda py: {"python": "x"})
+    for peer in ("SB3_PY", "SF_PY", "RLLIB_PY"):
+        monkeypatch.setattr(bench_run, peer, str(tmp_path / "absent"))
+    monkeypatch.setattr(sys, "argv", ["bench/run.py", "atari", "--games", "BreakoutNoFrameskip-v4", "--seeds", "1",
+                                      "--frames", "40000000", "--out", out])
+    assert bench_run.main() == 130
+    text = open(os.path.join(out, "atari.md")).read().splitlines()
+    assert text[0].startswith("# Atari at 40,000,000 frames") and text[2].startswith("Stopped by Ctrl-C on ")
+    assert any(line.startswith("| Breakout | 1 | 3.0M | - | - | - |") for line in text), text
+    rows = list(csv.DictReader(open(os.path.join(out, "atari.csv"))))
+    assert [(r["game"], int(r["frames"]), float(r["return_last100"])) for r in rows] == [("Breakout", cut_at, 4.5)]
+
+
 def test_machine_json_keeps_the_peers_it_does_not_measure_again(tmp_path, monkeypatch):
     """A suite run without a peer's venv keeps that peer's recorded versions (its tables there were made
     with them) and records this run's own versions and date."""

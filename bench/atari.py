@@ -1,5 +1,6 @@
 """The Atari suite (`bench/run.py atari`): each game trained to --frames with configs/atari.flags,
-one run per game and seed, against the published PPO scores at 40M frames.
+one run per game and seed, against the published PPO scores at 40M frames where there are some
+(bench/atari_scores.py); any of ale-py's NoFrameskip-v4 games runs.
 
     .venv/bin/python bench/run.py atari --games BreakoutNoFrameskip-v4 SeaquestNoFrameskip-v4 --seeds 1
     .venv/bin/python bench/run.py atari --games --seeds 1      # no game: only rebuild the table
@@ -20,6 +21,7 @@ the results folder without them. Each run's metrics.csv is therefore copied besi
 from atari.csv and that copy, instead of dropping out of the table.
 """
 import csv
+import difflib
 import json
 import os
 import re
@@ -28,23 +30,13 @@ import time
 
 import numpy as np
 
-from bench import common
+from bench import atari_scores, common
 from local_cluster import LocalCluster
 from tools import plotcurve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "configs/atari.flags"
 MILESTONES = (10_000_000, 20_000_000, 40_000_000)
-# ../shared/anchors.md: mean of the last 100 training games at 40M frames (CleanRL's docs, which
-# list OpenAI baselines' PPO beside CleanRL's), and the DQN papers' random and human scores.
-PUBLISHED = {  # game: (baselines PPO, CleanRL PPO, random, human)
-    "Breakout": (388.9, 431.8, 1.7, 30.5),
-    "BeamRider": (2740.0, 2447.8, 363.9, 16926.5),
-    "Qbert": (14283.4, 16430.7, 163.9, 13455.0),
-    "Seaquest": (1754.4, 1230.0, 68.4, 42054.7),
-    "SpaceInvaders": (1017.7, 1162.2, 148.0, 1668.7),
-    "Pong": (20.4, 20.3, -20.7, 14.6),
-}
 CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
               "at_40M", "resumed_at", "extra_flags", "budget"]
 KEPT_METRICS = "atari_%s_seed%d_metrics.csv"  # game, seed: the copy of a run's metrics.csv in the results folder
@@ -53,6 +45,22 @@ KEPT_METRICS = "atari_%s_seed%d_metrics.csv"  # game, seed: the copy of a run's 
 def short(level):
     """BreakoutNoFrameskip-v4 -> Breakout."""
     return level.split("NoFrameskip")[0].split("/")[-1].split("-v")[0]
+
+
+def check_games(games):
+    """Refuses, naming --games, an id that is not an Atari game under the published tables' protocol
+    (NoFrameskip-v4 ids: the recipe's env settings are those of the v4 family), before any run starts."""
+    from envs import factory  # gymnasium and ale-py, loaded only when games are asked for
+    known = {i for i, spec in factory.gym.registry.items()
+             if i.endswith("NoFrameskip-v4") and "-ram" not in i and spec.entry_point == factory.ATARI_ENTRY_POINT}
+    for game in games:
+        if game in known:
+            continue
+        guess = short(game) + "NoFrameskip-v4"
+        close = [guess] if guess in known else difflib.get_close_matches(game, sorted(known), n=2, cutoff=0.6)
+        raise SystemExit("--games %s: not an Atari id of the published tables' protocol, '<Game>NoFrameskip-v4' "
+                         "(%d games, e.g. BreakoutNoFrameskip-v4)%s" % (
+                             game, len(known), "; did you mean %s?" % " or ".join(close) if close else ""))
 
 
 def run_dir(out, level, seed):
@@ -196,11 +204,6 @@ def resumed_at(logdir):
     return re.findall(r"\[learner 0\] resumed from \S+ at (\d+) frames", text)
 
 
-def human_normalised(game, score):
-    _, _, rnd, human = PUBLISHED[game]
-    return (score - rnd) / (human - rnd)
-
-
 def ceiling_fps(logdir, level, screen):
     """The env ceiling at the run's frame size (bench/ceiling.py), measured once per run folder."""
     from bench import ceiling
@@ -224,24 +227,31 @@ def _cell(x, fmt="%.0f"):
 
 
 def table(runs, frames):
-    """The Markdown lines: one row per run, then the median human-normalised scores."""
+    """The Markdown lines: one row per run, then the median human-normalised scores over the runs
+    of games with published PPO scores (the others' rows show "-" where a figure is not known)."""
     lines = ["| game | seed | frames | at 10M | at 20M | at 40M | baselines PPO | CleanRL PPO | HNS ours / baselines "
              "| training time | frames/s (x ceiling) | resumed after | beyond the recipe |", "|---" * 13 + "|"]
-    ours, theirs = [], []
+    ours, theirs, unpublished = [], [], set()
     for r in runs:
-        base, clean, _, _ = PUBLISHED[r["game"]]
+        base, clean = atari_scores.published(r["game"])
         final = r["at_40M"] if r["frames"] >= frames else float("nan")
-        hns = human_normalised(r["game"], r["return_last100"])
-        ours.append(hns)
-        theirs.append(human_normalised(r["game"], base))
-        lines.append("| %s | %d | %.1fM | %s | %s | %s | %s | %s | %.2f / %.2f | %.0f min | %.0f (%s) | %s | %s |" % (
+        hns, base_hns = (atari_scores.human_normalised(r["game"], x) for x in (r["return_last100"], base))
+        if base_hns is None:
+            unpublished.add(r["game"])
+        else:
+            ours.append(hns)
+            theirs.append(base_hns)
+        lines.append("| %s | %d | %.1fM | %s | %s | %s | %s | %s | %s / %s | %.0f min | %.0f (%s) | %s | %s |" % (
             r["game"], r["seed"], r["frames"] / 1e6, _cell(r["at_10M"]), _cell(r["at_20M"]), _cell(final),
-            _cell(base), _cell(clean), hns, human_normalised(r["game"], base), r["train_seconds"] / 60, r["fps"],
-            _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-",
+            _cell(base), _cell(clean), _cell(hns, "%.2f"), _cell(base_hns, "%.2f"), r["train_seconds"] / 60,
+            r["fps"], _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-",
             r["extra_flags"] or "-"))
     if ours:
         lines += ["", "Median human-normalised score over these runs (each at its last row): ours %.2f, baselines "
                   "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
+    if unpublished:
+        lines += ["", "No published PPO score at 40M frames in ../shared/anchors.md for %s: left out of the median."
+                  % ", ".join(sorted(unpublished))]
     return lines
 
 
@@ -264,19 +274,20 @@ def across_machines(results_root, frames):
             if row["game"] not in FIVE:
                 continue
             game, done = row["game"], int(row["frames"]) >= frames
-            score, base = float(row["return_last100"]), PUBLISHED[game][0]
+            score, base = float(row["return_last100"]), atari_scores.published(game)[0]
             if done:
-                finished.setdefault(game, []).append(human_normalised(game, score))
+                finished.setdefault(game, []).append(atari_scores.human_normalised(game, score))
             last[game] = max(last.get(game, 0), int(row["frames"]))
             lines.append("| %s | %s | %s | %.1fM%s | %.0f | %.2f / %.2f | %.0f min | %.0f | %s |" % (
                 game, cpu, row["seed"], int(row["frames"]) / 1e6, "" if done else " (not at the budget)", score,
-                human_normalised(game, score), human_normalised(game, base), float(row["train_seconds"]) / 60,
+                atari_scores.human_normalised(game, score), atari_scores.human_normalised(game, base),
+                float(row["train_seconds"]) / 60,
                 float(row["fps"]), row["extra_flags"] or "-"))
     missing = ["%s (%s)" % (g, "%.1fM frames" % (last[g] / 1e6) if g in last else "not run")
                for g in FIVE if g not in finished]
     if finished:
         ours = [float(np.mean(finished[g])) for g in sorted(finished)]
-        theirs = [human_normalised(g, PUBLISHED[g][0]) for g in sorted(finished)]
+        theirs = [atari_scores.human_normalised(g, atari_scores.published(g)[0]) for g in sorted(finished)]
         lines += ["", "Median human-normalised score of the %d of the five games at %s frames: ours %.2f, baselines "
                   "PPO %.2f." % (len(ours), "{:,}".format(frames), float(np.median(ours)), float(np.median(theirs)))]
     lines += ["", "Not at %s frames yet: %s." % ("{:,}".format(frames), ", ".join(missing) if missing else "none")]
@@ -299,9 +310,9 @@ def plot(level, runs, frames, out):
         ax.plot(f / 1e6, score, label="seed %d" % r["seed"])
         for x in r["resumed_at"].split():
             ax.axvline(int(x) / 1e6, color="gray", ls=":", alpha=0.7)
-    base, clean, _, _ = PUBLISHED[short(level)]
-    ax.axhline(base, color="C3", ls="--", alpha=0.7, label="baselines PPO at 40M")
-    ax.axhline(clean, color="C4", ls="--", alpha=0.7, label="CleanRL PPO at 40M")
+    for score, color, who in zip(atari_scores.published(short(level)), ("C3", "C4"), ("baselines", "CleanRL")):
+        if score is not None:
+            ax.axhline(score, color=color, ls="--", alpha=0.7, label="%s PPO at 40M" % who)
     ax.set_xlabel("frames (M); dotted: resumed there")
     ax.set_ylabel("mean of the last 100 games")
     ax.set_xlim(0, frames / 1e6)
@@ -325,10 +336,10 @@ def collect(out):
         logdir = os.path.join(runs_root, name)
         r = summarise("%sNoFrameskip-v4" % game, seed, logdir,
                       common.read_json(os.path.join(logdir, "ceiling.json"), {}).get("limit"))
-        if r is not None and game in PUBLISHED:
+        if r is not None:
             present.append(((game, seed), logdir, r))
     runs = with_kept(out, "atari.csv", KEPT_METRICS, present, lambda row: (row["game"], int(row["seed"])))
-    return sorted((r for r in runs if r["game"] in PUBLISHED), key=lambda r: (r["game"], r["seed"]))
+    return sorted(runs, key=lambda r: (r["game"], r["seed"]))
 
 
 def suite(a, out):
@@ -339,6 +350,7 @@ def suite(a, out):
 
 def train(a, out):
     """Runs (or resumes) each game and seed to a.frames, one after the other."""
+    check_games(a.games)
     for level in a.games:
         for seed in a.seeds:
             logdir = run_dir(out, level, seed)

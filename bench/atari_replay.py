@@ -162,6 +162,7 @@ def suite(a, out):
 
 def train(a, out):
     """Runs (or resumes) each game, seed and variant to a.frames, one after the other."""
+    atari.check_games(a.games)
     for level in a.games:
         for seed in a.seeds:
             for variant, (_, spec, own) in VARIANTS.items():  # variants in turn within a seed

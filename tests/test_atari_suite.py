@@ -76,6 +76,32 @@ def test_the_command_line_names_every_run_in_the_table_with_its_budget(tmp_path)
     assert atari.command("atari", invoked, []).startswith("Command: `%sQbertNoFrameskip-v4 --frames 40000000" % run)
 
 
+def test_any_atari_game_gets_a_row_and_a_wrong_id_is_refused_before_a_run(tmp_path):
+    """A game outside the published PPO table (Asterix) still gets its row and curve, with its
+    human-normalised score from the DQN papers' random and human scores, "-" for the PPO figures,
+    and stays out of the median; a game with neither (Adventure) shows "-" there too. An id of
+    another family is refused, naming --games and the id meant."""
+    out = str(tmp_path)
+    for game, score in (("Asterix", 2000.0), ("Adventure", 0.0), ("Breakout", 30.5)):
+        _metrics(atari.run_dir(out, "%sNoFrameskip-v4" % game, 1),
+                 [dict(time_s=100, frames=1_000_000, updates=244, mean_return_20=score, mean_return_100=score)])
+    runs = atari.collect(out)
+    assert [r["game"] for r in runs] == ["Adventure", "Asterix", "Breakout"]
+    lines = atari.table(runs, 40_000_000)
+    assert lines[2].startswith("| Adventure | 1 | 1.0M | - | - | - | - | - | - / - |"), lines[2]
+    asterix = (2000.0 - 210.0) / (8503.3 - 210.0)
+    assert lines[3].startswith("| Asterix | 1 | 1.0M | - | - | - | - | - | %.2f / - |" % asterix), lines[3]
+    assert "ours 1.00, baselines PPO 13.44 at 40M frames" in lines[-3]  # Breakout's alone
+    assert "for Adventure, Asterix: left out of the median" in lines[-1]
+    atari.plot("AsterixNoFrameskip-v4", [r for r in runs if r["game"] == "Asterix"], 40_000_000, out)
+    assert os.path.exists(os.path.join(out, "atari_Asterix.png"))
+    atari.check_games(["AsterixNoFrameskip-v4", "PongNoFrameskip-v4"])
+    for wrong in ("Breakout", "ALE/Breakout-v5"):
+        with pytest.raises(SystemExit, match="--games %s: not an Atari id .* did you mean BreakoutNoFrameskip-v4"
+                           % wrong):
+            atari.check_games(["AsterixNoFrameskip-v4", wrong])
+
+
 def test_recipe_is_one_file_for_every_game():
     flags = [ln for ln in open(os.path.join(ROOT, atari.RECIPE)) if ln.startswith("--")]
     assert flags and not any(ln.startswith(("--level_name", "--seed")) for ln in flags)

@@ -40,6 +40,7 @@ MILESTONES = (10_000_000, 20_000_000, 40_000_000)
 CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
               "at_40M", "resumed_at", "extra_flags", "budget"]
 KEPT_METRICS = "atari_%s_seed%d_metrics.csv"  # game, seed: the copy of a run's metrics.csv in the results folder
+PROGRESS_S = 300  # a line on the terminal this often: a run takes hours and its learner writes to its log
 
 
 def short(level):
@@ -133,8 +134,29 @@ def run_game(a, level, seed, logdir, extra):
     with open(os.path.join(logdir, "logs", "learner.log"), "a") as log:  # a resume adds to it
         cluster = LocalCluster(a.actors, a.base_port, flags, logdir, learner_stdout=log)
         with cluster:
-            code = cluster.wait()
+            code = cluster.wait(timeout=PROGRESS_S)
+            while code is None:
+                print(progress(logdir, a.frames), flush=True)
+                code = cluster.wait(timeout=PROGRESS_S)
     return code
+
+
+def progress(logdir, frames):
+    """One line on where a run stands: its frames against the budget, the frames/s since this
+    (re)start, the time that leaves, and the mean of the last 100 games."""
+    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
+    name = os.path.basename(logdir)
+    times = [float(r["time_s"]) for r in rows]
+    start = max([i for i in range(1, len(rows)) if times[i] < times[i - 1]], default=0)  # time_s restarts
+    if len(rows) - start < 2:
+        return "[atari] %s: starting (no metrics rows since the (re)start yet)" % name
+    first, last = rows[start], rows[-1]
+    done = float(last["frames"])
+    rate = (done - float(first["frames"])) / max(times[-1] - times[start], 1e-9)
+    left = "%.1f h to go" % ((frames - done) / rate / 3600) if rate > 0 else "no frames yet"
+    return "[atari] %s: %.2fM of %.0fM frames (%.0f %%), %.0f frames/s since the (re)start, about %s; mean of the " \
+           "last 100 games %s" % (name, done / 1e6, frames / 1e6, 100 * done / frames, rate, left,
+                                 _cell(float(last.get("mean_return_100") or "nan")))
 
 
 def curve(rows):

@@ -55,6 +55,18 @@ def test_summary_reads_milestones_and_continues_a_resumed_clock(tmp_path):
     assert "%.2f / %.2f" % (hns, (388.9 - 1.7) / (30.5 - 1.7)) in lines[2]
 
 
+def test_a_long_run_reports_where_it_stands(tmp_path):
+    """The suite's progress line: frames against the budget, and the rate and time left measured
+    since the run's last (re)start, where the learner's clock restarted."""
+    d = str(tmp_path / "Breakout_s1")
+    assert atari.progress(d, 40_000_000) == "[atari] Breakout_s1: starting (no metrics rows since the (re)start yet)"
+    _metrics(d, [dict(time_s=t, frames=f, mean_return_100=s) for t, f, s in [
+        (100, 1_000_000, 5.0), (200, 2_000_000, 9.0), (50, 2_100_000, 9.0), (350, 3_000_000, 13.0)]])
+    assert atari.progress(d, 40_000_000) == (
+        "[atari] Breakout_s1: 3.00M of 40M frames (8 %), 3000 frames/s since the (re)start, about 3.4 h to go; "
+        "mean of the last 100 games 13")
+
+
 def test_the_command_line_names_every_run_in_the_table_with_its_budget(tmp_path):
     """The table holds every run folder, so its command lines come from them, not from the
     invocation that only ran one game: one line per frame budget and recipe flags."""

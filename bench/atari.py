@@ -416,8 +416,9 @@ def command(suite, a, runs):
         seeds.add(r["seed"])
     if not groups:
         groups[(a.frames, tuple(a.recipe_extra))] = (set(a.games), set(a.seeds))
-    lines = [".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s" % (
+    out = " --out %s" % a.out if getattr(a, "out", None) else ""  # a resume must find the same folder
+    lines = [".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s%s" % (
         suite, " ".join(sorted(games)), frames, " ".join(map(str, sorted(seeds))),
-        " --recipe_extra='%s'" % " ".join(extra) if extra else "")
+        " --recipe_extra='%s'" % " ".join(extra) if extra else "", out)
         for (frames, extra), (games, seeds) in sorted(groups.items())]
     return "Command%s: %s" % ("s" if len(lines) > 1 else "", "; ".join("`%s`" % line for line in lines))

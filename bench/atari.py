@@ -52,8 +52,7 @@ def check_games(games):
     """Refuses, naming --games, an id that is not an Atari game under the published tables' protocol
     (NoFrameskip-v4 ids: the recipe's env settings are those of the v4 family), before any run starts."""
     from envs import factory  # gymnasium and ale-py, loaded only when games are asked for
-    known = {i for i, spec in factory.gym.registry.items()
-             if i.endswith("NoFrameskip-v4") and "-ram" not in i and spec.entry_point == factory.ATARI_ENTRY_POINT}
+    known = set(factory.atari_ids("*NoFrameskip-v4"))
     for game in games:
         if game in known:
             continue

@@ -147,6 +147,11 @@ def _kind(env_id):
         f"your module registers: --env_module=PKG.MODULE) and entry points 'pkg.module:ClassName'.{hint}")
 
 
+def atari_ids(pattern="*NoFrameskip-v4"):
+    """The registered Atari ids of one family of ATARI_PATTERNS that make_env takes, sorted."""
+    return sorted(i for i in gym.registry if fnmatch.fnmatchcase(i, pattern) and _kind_of(i) == "atari")
+
+
 def is_atari(env_id: str) -> bool:
     """True for a supported Atari id; raises UnknownEnvError for an unsupported id."""
     return _kind(env_id) == "atari"

@@ -52,12 +52,12 @@ def check_games(games):
     """Refuses, naming --games, an id that is not an Atari game under the published tables' protocol
     (NoFrameskip-v4 ids: the recipe's env settings are those of the v4 family), before any run starts."""
     from envs import factory  # gymnasium and ale-py, loaded only when games are asked for
-    known = set(factory.atari_ids("*NoFrameskip-v4"))
+    known = factory.atari_ids("*NoFrameskip-v4")  # sorted, so close matches come out in a stable order
     for game in games:
         if game in known:
             continue
         guess = short(game) + "NoFrameskip-v4"
-        close = [guess] if guess in known else difflib.get_close_matches(game, sorted(known), n=2, cutoff=0.6)
+        close = [guess] if guess in known else difflib.get_close_matches(game, known, n=2, cutoff=0.6)
         raise SystemExit("--games %s: not an Atari id of the published tables' protocol, '<Game>NoFrameskip-v4' "
                          "(%d games, e.g. BreakoutNoFrameskip-v4)%s" % (
                              game, len(known), "; did you mean %s?" % " or ".join(close) if close else ""))

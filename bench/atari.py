@@ -6,11 +6,12 @@ one run per game and seed, against the published PPO scores at 40M frames where 
     .venv/bin/python bench/run.py atari --games --seeds 1      # no game: only rebuild the table
 
 Each run lives in <out>/atari_runs/<Game>_s<seed>/ (a normal run folder: options, checkpoints,
-metrics.csv, logs). A run that was cut off (Ctrl-C, a time limit, a restart) is resumed from its
-newest checkpoint with --mode=train_w_load the next time the suite is asked for it, and the frame
-count it resumed at (from the learner's log, which the suite appends to) is shown in the table; a
-run that reached --frames is not run again, nor is one that atari.csv keeps from another checkout
-(below). Ctrl-C still writes the table, the cut run's row standing where it stopped. Score = the
+metrics.csv, logs, and the suite's machines.csv: the machine of each (re)start, noted under the
+table where a run spans kinds of machine). A run that was cut off (Ctrl-C, a time limit, a
+restart) is resumed from its newest checkpoint with --mode=train_w_load the next time the suite
+is asked for it, and the frame count it resumed at (from the learner's log, which the suite
+appends to) is shown in the table; a run that reached --frames is not run again, nor is one
+that atari.csv keeps from another checkout (below). Ctrl-C still writes the table, the cut run's row standing where it stopped. Score = the
 mean of the last 100 whole-game training returns (metrics.csv's mean_return_100), read at 10M, 20M
 and 40M frames. Writes <out>/atari.md, atari.csv and one curve per game (atari_<Game>.png); with the
 default --out, also bench/results/atari_five.md (across_machines).
@@ -38,8 +39,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "configs/atari.flags"
 MILESTONES = (10_000_000, 20_000_000, 40_000_000)
 CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
-              "at_40M", "resumed_at", "extra_flags", "budget"]
+              "at_40M", "resumed_at", "extra_flags", "budget", "machines"]
 KEPT_METRICS = "atari_%s_seed%d_metrics.csv"  # game, seed: the copy of a run's metrics.csv in the results folder
+MACHINES = "machines.csv"  # in a run folder: the machine of each (re)start, since a run may span checkouts
 PROGRESS_S = 300  # a line on the terminal this often: a run takes hours and its learner writes to its log
 
 
@@ -130,6 +132,7 @@ def run_game(a, level, seed, logdir, extra):
                  "--total_environment_frames=%d" % a.frames] + extra
     print("[atari] %s seed %d: %s" % (short(level), seed, "resuming" if state == "cut" else "starting"), flush=True)
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
+    record_machine(logdir)
     with open(os.path.join(logdir, "logs", "learner.log"), "a") as log:  # a resume adds to it
         cluster = LocalCluster(a.actors, a.base_port, flags, logdir, learner_stdout=log)
         with cluster:
@@ -185,7 +188,7 @@ def summarise(level, seed, logdir, ceiling_fps):
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
             "updates": int(rows[-1]["updates"]), "extra": extra, "extra_flags": " ".join(extra),
-            "curve": (frames, times, score)}
+            "machines": machines(logdir), "curve": (frames, times, score)}
 
 
 def restore(row, metrics_path):
@@ -195,11 +198,13 @@ def restore(row, metrics_path):
     def number(key):
         value = row.get(key)
         return float(value) if value not in (None, "") else float("nan")
-    r = {key: number(key) for key in row if key not in ("game", "variant", "resumed_at", "extra_flags")}
+    text = ("game", "variant", "resumed_at", "extra_flags", "machines")
+    r = {key: number(key) for key in row if key not in text}
     r.update({key: row[key] for key in ("game", "variant") if key in row})
     extra = (row.get("extra_flags") or "").split()
     rows = common.read_csv(metrics_path)
     r.update(seed=int(row["seed"]), frames=int(float(row["frames"])), resumed_at=row.get("resumed_at") or "",
+             machines=row.get("machines") or "",
              budget=int(r["budget"]) if np.isfinite(r.get("budget", float("nan"))) else None,
              fps_ratio=r["fps_ratio"] if np.isfinite(r.get("fps_ratio", float("nan"))) else "",
              extra=extra, extra_flags=" ".join(extra), curve=curve(rows) if rows else None)
@@ -223,6 +228,40 @@ def resumed_at(logdir):
     path = os.path.join(logdir, "logs", "learner.log")
     text = open(path, errors="replace").read() if os.path.exists(path) else ""
     return re.findall(r"\[learner 0\] resumed from \S+ at (\d+) frames", text)
+
+
+def record_machine(logdir):
+    """Appends this machine to the run folder's MACHINES, with the frames the run (re)starts from."""
+    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
+    path = os.path.join(logdir, MACHINES)
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, ["from_frames", "cpu", "cores", "date"])
+        if new:
+            w.writeheader()
+        w.writerow({"from_frames": rows[-1]["frames"] if rows else 0, "cpu": common.cpu_model(),
+                    "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+
+
+def machines(logdir):
+    """Where a run trained, when that was more than one kind of machine ("" otherwise, and for a run
+    started before MACHINES was kept): each change of CPU or core count with the frames it came at.
+    Such a run's training time and frames/s add up its machines' different rates."""
+    rows = common.read_csv(os.path.join(logdir, MACHINES))
+    changes = [r for i, r in enumerate(rows) if i == 0 or (r["cpu"], r["cores"]) != (rows[i - 1]["cpu"],
+                                                                                      rows[i - 1]["cores"])]
+    if len({(r["cpu"], r["cores"]) for r in rows}) < 2:
+        return ""
+    return ", ".join("%s (%s cores) from %.1fM" % (r["cpu"], r["cores"], int(float(r["from_frames"])) / 1e6)
+                     for r in changes)
+
+
+def mixed_machines(runs, name):
+    """A note under a table for its runs (name(run) names one) that trained on more than one kind of
+    machine (machines), or [] where there is none."""
+    spanned = ["%s: %s" % (name(r), r["machines"]) for r in runs if r.get("machines")]
+    return ["", "Trained on more than one kind of machine, so training time and frames/s mix their rates: "
+            + "; ".join(spanned) + "."] if spanned else []
 
 
 def ceiling_fps(logdir, level, screen):
@@ -270,6 +309,7 @@ def table(runs, frames):
     if ours:
         lines += ["", "Median human-normalised score over these runs (each at its last row): ours %.2f, baselines "
                   "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
+    lines += mixed_machines(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     if unpublished:
         lines += ["", "No published PPO score at 40M frames in ../shared/anchors.md for %s: left out of the median."
                   % ", ".join(sorted(unpublished))]

@@ -4,6 +4,7 @@ that resume), and figures (matplotlib without a display) saved next to their tab
 import csv
 import json
 import os
+import platform
 import shutil
 import time
 
@@ -11,6 +12,17 @@ import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: the benches run on machines with no display
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def cpu_model():
+    """The CPU's model name as /proc/cpuinfo gives it (what names a machine's results folder)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cluster_args(p, actors, envs_per_actor, batch_size, unroll_length):

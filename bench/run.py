@@ -48,16 +48,6 @@ RLLIB_PY = os.path.join(ROOT, ".peer-venv-rllib", "bin", "python")
 
 
 # ------------------------------------------------------------------ machine
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def gpu_model():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -70,7 +60,7 @@ def gpu_model():
 def machine_dir():
     cores = os.cpu_count()
     gpu = gpu_model()
-    slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")[:40]
+    slug = re.sub(r"[^a-z0-9]+", "-", common.cpu_model().lower()).strip("-")[:40]
     name = "%dcore-%s%s" % (cores, slug, "-" + re.sub(r"[^a-z0-9]+", "-", gpu.lower()) if gpu else "")
     return os.path.join(HERE, "results", name)
 
@@ -95,7 +85,7 @@ def results_dir(out=None):
 
 
 def write_machine(out):
-    info = {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": gpu_model(), "platform": platform.platform(),
+    info = {"cores": os.cpu_count(), "cpu": common.cpu_model(), "gpu": gpu_model(), "platform": platform.platform(),
             "ours": versions(sys.executable), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if os.path.exists(SB3_PY):
         info["sb3_peer"] = versions(SB3_PY)

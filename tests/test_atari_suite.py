@@ -183,6 +183,8 @@ def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
     assert rows[0]["extra_flags"] == "--compute_dtype=float32"
     run = atari.run_dir(out, "BreakoutNoFrameskip-v4", 1)
     assert json.load(open(os.path.join(run, "options.json")))["compute_dtype"] == "float32"
+    starts = list(csv.DictReader(open(os.path.join(run, atari.MACHINES))))
+    assert [int(r["from_frames"]) for r in starts][0] == 0 and len(starts) == 2, starts
     other = subprocess.run(cmd + ["--frames", "32768", "--recipe_extra=--num_sgd_iter=2"], capture_output=True,
                            text=True, timeout=600, cwd=ROOT, env=env)
     assert other.returncode != 0 and "a resume keeps the flags a run started with" in other.stderr, other.stderr
@@ -216,6 +218,29 @@ def test_ctrl_c_still_writes_the_table_of_where_the_runs_stood(tmp_path, monkeyp
     assert any(line.startswith("| Breakout | 1 | 3.0M | - | - | - |") for line in text), text
     rows = list(csv.DictReader(open(os.path.join(out, "atari.csv"))))
     assert [(r["game"], int(r["frames"]), float(r["return_last100"])) for r in rows] == [("Breakout", cut_at, 4.5)]
+
+
+def test_a_run_resumed_on_another_kind_of_machine_says_so_under_the_table(tmp_path, monkeypatch):
+    """Each (re)start records its machine in the run folder; a run whose machines differ gets a note
+    under the table (its training time and frames/s mix their rates), kept through atari.csv for a
+    fresh checkout; a run on one kind of machine gets none."""
+    from bench import common
+    d = str(tmp_path / "atari_runs" / "Breakout_s1")
+    for cpu, rows in (("Xeon", []), ("Xeon", [(100, 4_000_000)]), ("EPYC", [(100, 4_000_000), (200, 8_000_000)])):
+        _metrics(d, [dict(time_s=t, frames=f, updates=1, mean_return_100=3.0) for t, f in rows])
+        monkeypatch.setattr(common, "cpu_model", lambda cpu=cpu: cpu)
+        atari.record_machine(d)
+        if cpu == "Xeon":
+            assert atari.machines(d) == ""
+    assert atari.machines(d) == "Xeon (%d cores) from 0.0M, EPYC (%d cores) from 8.0M" % ((os.cpu_count(),) * 2)
+    note = atari.table(atari.collect(str(tmp_path)), 40_000_000)[-1]
+    assert note.startswith("Trained on more than one kind of machine") and "Breakout seed 1: Xeon" in note
+    with open(tmp_path / "atari.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, atari.CSV_FIELDS)
+        w.writeheader()
+        w.writerows({k: r[k] for k in atari.CSV_FIELDS} for r in atari.collect(str(tmp_path)))
+    shutil.rmtree(tmp_path / "atari_runs")  # a fresh checkout: the row comes back from atari.csv
+    assert atari.table(atari.collect(str(tmp_path)), 40_000_000)[-1] == note
 
 
 def test_machine_json_keeps_the_peers_it_does_not_measure_again(tmp_path, monkeypatch):

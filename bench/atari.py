@@ -11,10 +11,11 @@ table where a run spans kinds of machine). A run that was cut off (Ctrl-C, a tim
 restart) is resumed from its newest checkpoint with --mode=train_w_load the next time the suite
 is asked for it, and the frame count it resumed at (from the learner's log, which the suite
 appends to) is shown in the table; a run that reached --frames is not run again, nor is one
-that atari.csv keeps from another checkout (below). Ctrl-C still writes the table, the cut run's row standing where it stopped. Score = the
-mean of the last 100 whole-game training returns (metrics.csv's mean_return_100), read at 10M, 20M
-and 40M frames. Writes <out>/atari.md, atari.csv and one curve per game (atari_<Game>.png); with the
-default --out, also bench/results/atari_five.md (across_machines).
+that atari.csv keeps from another checkout (below). Ctrl-C still writes the table, the cut run's
+row standing where it stopped. Score = the mean of the last 100 whole-game training returns
+(metrics.csv's mean_return_100), read at 10M, 20M and 40M frames. Writes <out>/atari.md,
+atari.csv and one curve per game (atari_<Game>.png); with the default --out, also
+bench/results/atari_five.md (across_machines).
 
 Run folders are not committed (checkpoints are large), so a fresh checkout of the repository has
 the results folder without them. Each run's metrics.csv is therefore copied beside the table
@@ -248,9 +249,9 @@ def machines(logdir):
     started before MACHINES was kept): each change of CPU or core count with the frames it came at.
     Such a run's training time and frames/s add up its machines' different rates."""
     rows = common.read_csv(os.path.join(logdir, MACHINES))
-    changes = [r for i, r in enumerate(rows) if i == 0 or (r["cpu"], r["cores"]) != (rows[i - 1]["cpu"],
-                                                                                      rows[i - 1]["cores"])]
-    if len({(r["cpu"], r["cores"]) for r in rows}) < 2:
+    changes = rows[:1] + [r for before, r in zip(rows, rows[1:]) if (r["cpu"], r["cores"]) != (before["cpu"],
+                                                                                               before["cores"])]
+    if len(changes) < 2:  # every (re)start on one kind of machine
         return ""
     return ", ".join("%s (%s cores) from %.1fM" % (r["cpu"], r["cores"], int(float(r["from_frames"])) / 1e6)
                      for r in changes)

@@ -98,10 +98,12 @@ flags.DEFINE_integer("learner_threads", 0, "TensorFlow threads of each learner p
                      "0 = TensorFlow's default (all cores). 1 leaves cores to actors that share the learner's "
                      "host and are the bottleneck (bench/results/2core-amd-epyc/actor_layout.md); a "
                      "learner-bound run wants the default.")
-flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Precision of the agent's torso "
-                  "(convs and their FC) in the learner and the actors; variables, optimizer, LSTM, heads and "
-                  "losses stay float32. bfloat16 pays on CPUs with AVX512_BF16 or AMX and on GPUs "
-                  "(bench/results/<machine>/compute_dtype.md); elsewhere it is slower.")
+flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16", "auto"], "Precision of the agent's torso "
+                  "(convs and their FC) in the learner, the actors and the evaluator; variables, optimizer, LSTM, "
+                  "heads and losses stay float32. bfloat16 pays on some CPUs and is several times slower on others "
+                  "(bench/results/<machine>/compute_dtype.md); auto times both in each process at start-up (a "
+                  "gradient step on one minibatch in the learner, an inference step in an actor) and keeps the "
+                  "faster, which each process logs.")
 flags.DEFINE_bool("normalize_observations", False, "Standardise the observations by running per-element "
                   "mean and variance (Sample Factory's normalize_input, on in its Atari settings), clipped to "
                   "+-5; the learner updates the statistics once per batch and sends them with the weights.")

@@ -14,15 +14,22 @@ matplotlib.use("Agg")  # before pyplot: the benches run on machines with no disp
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def cpu_model():
-    """The CPU's model name as /proc/cpuinfo gives it (what names a machine's results folder)."""
+def cpu_model(cpuinfo="/proc/cpuinfo"):
+    """The CPU's model name as /proc/cpuinfo gives it, with " without AVX-512" where its flags lack
+    avx512f (what names a machine's results folder). Virtual machines give one name to CPUs of
+    different generations: an "AMD EPYC" with AVX512_BF16 ran the Pong recipe's update 1.5x faster
+    in bfloat16, one without AVX-512 4.6x slower (bench/results/<machine>/compute_dtype.md)."""
+    name, flags = None, None
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in open(cpuinfo):
+            if line.startswith("model name") and name is None:
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and flags is None:
+                flags = line.split(":", 1)[1].split()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = name or platform.processor() or platform.machine()
+    return name + (" without AVX-512" if flags is not None and "avx512f" not in flags else "")
 
 
 def cluster_args(p, actors, envs_per_actor, batch_size, unroll_length):

@@ -34,8 +34,8 @@ def main():
     p.add_argument("--actor_counts", type=int, nargs="+", default=[1, 2, 4, 8, 14])
     p.add_argument("--envs_per_actor", type=int, default=32)
     p.add_argument("--seconds", type=float, default=30)
-    p.add_argument("--extra", action="append", default=["--compute_dtype=bfloat16"],
-                   help="one more experiment.py flag (repeatable); bfloat16 torso by default")
+    p.add_argument("--extra", action="append", default=["--compute_dtype=auto"],
+                   help="one more experiment.py flag (repeatable); the torso's precision timed per process by default")
     p.add_argument("--base_port", type=int, default=24500)
     p.add_argument("--out", default=None)
     a = p.parse_args()

@@ -205,8 +205,8 @@ def spread(xs):
 # 3 x 32 in 2 groups). The Python backend is measured beside it as the baseline. The learner on
 # one TensorFlow thread: on 2 cores the actors are the bottleneck, and the learner on one thread
 # left them a little more CPU (1.04x over 9 pairs, within the spread).
-OURS = (3, 64, ["--compute_dtype=bfloat16", "--learner_threads=1", "--env_groups=1"])  # actors, envs each, flags
-OURS_3X32 = (3, 32, ["--compute_dtype=bfloat16", "--learner_threads=1"])  # 2 groups of 16 per actor: the layout OURS beat
+OURS = (3, 64, ["--compute_dtype=auto", "--learner_threads=1", "--env_groups=1"])  # actors, envs each, flags
+OURS_3X32 = (3, 32, ["--compute_dtype=auto", "--learner_threads=1"])  # 2 groups of 16 per actor: the layout OURS beat
 OURS_PYTHON = (2, 32, ["--env_backend=python", "--env_groups=1"])
 
 
@@ -268,7 +268,8 @@ def throughput_rows(res, med, limit):
             ("**physical limit**: ale-py's native vector env, %d C++ threads, 32 or 64 envs, random actions"
              % os.cpu_count(), res["ceiling_native"], "%.2f of the limit" % (med["ceiling_native"] / limit)),
             ("**ours**: IMPALA, 1 learner + %d actor processes x %d envs, native env backend in one group "
-             "(inference on all %d frames at once), bfloat16 torso, newest frames sent, the learner on 1 "
+             "(inference on all %d frames at once), the torso's precision timed per process "
+             "(--compute_dtype=auto), newest frames sent, the learner on 1 "
              "TensorFlow thread" % (OURS[0], OURS[1], OURS[1]), res["impala"],
              "**%.2f of the limit**" % (med["impala"] / limit)),
             ("ours, %d actor processes x %d envs in 2 groups (inference on %d frames at a time)"
@@ -590,8 +591,7 @@ def main():
     p.add_argument("--actors", type=int, default=2, help="atari, atari_replay: actor processes per run")
     p.add_argument("--recipe_extra", type=shlex.split, default=[], help="atari, atari_replay: experiment.py flags "
                    "after the recipe's, in one argument, for a new run and its resumes (e.g. "
-                   "--recipe_extra=--compute_dtype=float32 where bfloat16 is the slower: "
-                   "bench/results/2core-intel-r-xeon-r-processor/atari_levers.md); kept in the run folder "
+                   "--recipe_extra=--num_sgd_iter=2); kept in the run folder "
                    "and shown in the table")
     p.add_argument("--variants", nargs="+", default=list(atari_replay.VARIANTS), choices=list(atari_replay.VARIANTS),
                    help="atari_replay: which variants to run or resume (default all; the table shows every run)")

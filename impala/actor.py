@@ -16,6 +16,7 @@ from envs import batch as env_batch
 import nets
 from impala import agent as agent_lib
 from impala import devices
+from impala import precision
 from impala import sender as sender_lib
 from impala import telemetry
 from impala import transport
@@ -125,10 +126,14 @@ class Actor:
         tf.random.set_seed(flags.seed * 7919 + seed_index)
         self.agent, self.spec, env_spec = agent_lib.build_from_flags(flags)
         self.set_weights = agent_lib.make_weight_setter(nets.published_variables(self.agent))
-        self.refresh_casts = nets.freeze_casts(self.agent)  # bfloat16 copies of the torso, cast once per update
         self.groups = make_groups(flags, seed_index, self.agent, env_spec,
                                   log=lambda msg: log("actor %d: %s" % (task, msg)))
-        self.step = make_step(self.agent, flags.envs_per_actor // len(self.groups), env_spec)
+        n = flags.envs_per_actor // len(self.groups)
+        note = precision.resolve(flags, self.agent, env_spec, n, train=False)  # one group's inference step
+        if note:
+            log("actor %d: %s" % (task, note))
+        self.refresh_casts = nets.freeze_casts(self.agent)  # bfloat16 copies of the torso, cast once per update
+        self.step = make_step(self.agent, n, env_spec)
         self.client = transport.ActorClient(self.learner, self.spec, flags.queue_capacity, flags.batch_size)
         self.buf = {f.name: np.zeros((flags.envs_per_actor,) + f.shape, f.dtype) for f in self.spec.fields}
         self.buf["actor_id"][:] = task

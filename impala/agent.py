@@ -69,9 +69,12 @@ def net_options(flags):
 
 
 def build_from_flags(flags, newest_frames=None):
-    """build_agent with the run's flags; newest_frames defaults to what the actors send."""
-    return build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size_of(flags),
-                       flags.compute_dtype, sends_frames(flags) if newest_frames is None else newest_frames,
+    """build_agent with the run's flags; newest_frames defaults to what the actors send. With
+    --compute_dtype=auto the agent computes in float32 until precision.resolve, which needs the
+    process's batch, times both precisions."""
+    dtype = "float32" if flags.compute_dtype == "auto" else flags.compute_dtype
+    return build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size_of(flags), dtype,
+                       sends_frames(flags) if newest_frames is None else newest_frames,
                        flags.normalize_observations, flags.normalize_returns, net_options(flags))
 
 

@@ -11,6 +11,7 @@ import envs
 import nets
 from envs import batch as env_batch
 from impala import agent as agent_lib
+from impala import precision
 from impala import sender as sender_lib
 from impala import transport
 from impala.stopping import StopSignal
@@ -83,7 +84,10 @@ def run_evaluator(flags, logdir, learner, log=print):
     returns apart from the training returns: <logdir>/eval.csv and TensorBoard
     (<logdir>/eval, charts/eval_*). Returns the exit code."""
     stop = StopSignal()
-    agent, spec, _ = agent_lib.build_from_flags(flags)  # the queue's spec, as actors send
+    agent, spec, env_spec = agent_lib.build_from_flags(flags)  # the queue's spec, as actors send
+    note = precision.resolve(flags, agent, env_spec, 1, train=False)  # it plays one env
+    if note:
+        log("evaluator: " + note)
     set_weights = agent_lib.make_weight_setter(nets.published_variables(agent))
     env = EvalEnv(flags.level_name, flags.env_backend, flags.seed + 777, agent_lib.frame_size_of(flags))
     client = transport.ActorClient(learner, spec, flags.queue_capacity, flags.batch_size)

@@ -18,6 +18,7 @@ import tensorflow as tf
 import nets
 from impala import agent as agent_lib
 from impala import loss as loss_lib
+from impala import precision
 from impala import replay as replay_lib
 from impala import replay_files
 from impala.batches import minibatch, step_fields, step_minibatch, to_time_major
@@ -72,6 +73,10 @@ class Learner:
         self.variables = self.agent.trainable_variables
         if flags.weight_init == "orthogonal":  # before anything is published: actors get these too
             nets.orthogonal_init(self.agent, seed=flags.seed)
+        # before the update is traced; timed on one minibatch, the unit of the update's work
+        self.compute_dtype_note = precision.resolve(
+            flags, self.agent, self.env_spec, max(1, flags.batch_size * flags.unroll_length // flags.num_minibatches),
+            train=True)
         self.frames_per_step = flags.num_action_repeats or (4 if self.env_spec.is_atari else 1)
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
         self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")

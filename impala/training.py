@@ -173,6 +173,8 @@ def start_learner(flags, logdir, learner_address, num_actors, rank, size, log):
     """The learner (restored with --mode=train_w_load, rank 0's weights on every rank) and
     its transport server, with the initial weights published."""
     learner = learner_lib.Learner(flags, logdir, rank, size)
+    if learner.compute_dtype_note:
+        log("[learner %d] %s" % (rank, learner.compute_dtype_note))
     if flags.mode == "train_w_load":
         restored = learner.restore(flags.load_model_url)
         log("[learner %d] resumed from %s at %d frames" % (rank, restored, int(learner.num_env_frames.numpy())))

@@ -42,10 +42,12 @@ def test_bad_replay_parameters_give_one_clear_error(value, needle, tmp_path):
 def test_elite_replay_run_with_evaluator(tmp_path):
     """Half of each batch comes from elite replay: the learner takes only 4 of its 8
     unrolls from the actors, counts only those frames, and reports the replay; the
-    test worker records greedy evaluation returns apart from training returns."""
+    test worker records greedy evaluation returns apart from training returns. With
+    --compute_dtype=auto every process, the evaluator too, times both precisions and says
+    which it keeps."""
     logdir = str(tmp_path / "run")
     flags = CARTPOLE + ["--total_environment_frames=24000", "--replay_parameters=" + ELITE,
-                        "--test_every_s=2", "--test_num_episodes=2", "--checkpoint_every_s=5"]
+                        "--test_every_s=2", "--test_num_episodes=2", "--checkpoint_every_s=5", "--compute_dtype=auto"]
     c = LocalCluster(2, _free_base_port(), flags, logdir, evaluator=True).start()
     try:
         assert c.wait(timeout=200) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()
@@ -67,6 +69,12 @@ def test_elite_replay_run_with_evaluator(tmp_path):
     rows = list(csv.DictReader(open(os.path.join(logdir, "eval.csv"))))
     assert rows and all(int(r["episodes"]) == 2 for r in rows)
     assert all(float(r["mean_return"]) >= 8 for r in rows)  # a CartPole episode lasts >= 8 steps
+    notes = {name: re.findall(r"compute dtype (float32|bfloat16) \(--compute_dtype=auto: (a gradient|an inference) "
+                              r"step on (\d+) observations",
+                              open(os.path.join(logdir, "logs", name + ".log")).read())
+             for name in ("learner", "actor_0", "actor_1", "evaluator")}
+    assert [(n[1], int(n[2])) for n in notes["learner"]] == [("a gradient", 8 * 20)], notes  # one minibatch
+    assert all(len(notes[name]) == 1 and notes[name][0][1] == "an inference" for name in notes if name != "learner")
 
 
 def _wait_for_frames(c, logdir, frames, timeout):

@@ -40,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "configs/atari.flags"
 MILESTONES = (10_000_000, 20_000_000, 40_000_000)
 CSV_FIELDS = ["game", "seed", "frames", "return_last100", "train_seconds", "fps", "fps_ratio", "at_10M", "at_20M",
-              "at_40M", "resumed_at", "extra_flags", "budget", "machines"]
+              "at_40M", "resumed_at", "extra_flags", "budget", "machines", "precision"]
 KEPT_METRICS = "atari_%s_seed%d_metrics.csv"  # game, seed: the copy of a run's metrics.csv in the results folder
 MACHINES = "machines.csv"  # in a run folder: the machine of each (re)start, since a run may span checkouts
 PROGRESS_S = 300  # a line on the terminal this often: a run takes hours and its learner writes to its log
@@ -189,7 +189,7 @@ def summarise(level, seed, logdir, ceiling_fps):
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(logdir)),
             "updates": int(rows[-1]["updates"]), "extra": extra, "extra_flags": " ".join(extra),
-            "machines": machines(logdir), "curve": (frames, times, score)}
+            "machines": machines(logdir), "precision": precision(logdir), "curve": (frames, times, score)}
 
 
 def restore(row, metrics_path):
@@ -199,13 +199,13 @@ def restore(row, metrics_path):
     def number(key):
         value = row.get(key)
         return float(value) if value not in (None, "") else float("nan")
-    text = ("game", "variant", "resumed_at", "extra_flags", "machines")
+    text = ("game", "variant", "resumed_at", "extra_flags", "machines", "precision")
     r = {key: number(key) for key in row if key not in text}
     r.update({key: row[key] for key in ("game", "variant") if key in row})
     extra = (row.get("extra_flags") or "").split()
     rows = common.read_csv(metrics_path)
     r.update(seed=int(row["seed"]), frames=int(float(row["frames"])), resumed_at=row.get("resumed_at") or "",
-             machines=row.get("machines") or "",
+             machines=row.get("machines") or "", precision=row.get("precision") or "",
              budget=int(r["budget"]) if np.isfinite(r.get("budget", float("nan"))) else None,
              fps_ratio=r["fps_ratio"] if np.isfinite(r.get("fps_ratio", float("nan"))) else "",
              extra=extra, extra_flags=" ".join(extra), curve=curve(rows) if rows else None)
@@ -229,6 +229,16 @@ def resumed_at(logdir):
     path = os.path.join(logdir, "logs", "learner.log")
     text = open(path, errors="replace").read() if os.path.exists(path) else ""
     return re.findall(r"\[learner 0\] resumed from \S+ at (\d+) frames", text)
+
+
+def precision(logdir):
+    """The precisions the learner chose with --compute_dtype=auto, as its log says, one per change
+    and joined by " then " ("" where the run named its precision): a run resumed on another kind of
+    machine may choose differently."""
+    path = os.path.join(logdir, "logs", "learner.log")
+    text = open(path, errors="replace").read() if os.path.exists(path) else ""
+    chosen = re.findall(r"\[learner 0\] compute dtype (\w+) \(--compute_dtype=auto", text)
+    return " then ".join(c for i, c in enumerate(chosen) if i == 0 or c != chosen[i - 1])
 
 
 def record_machine(logdir):
@@ -263,6 +273,13 @@ def mixed_machines(runs, name):
     spanned = ["%s: %s" % (name(r), r["machines"]) for r in runs if r.get("machines")]
     return ["", "Trained on more than one kind of machine, so training time and frames/s mix their rates: "
             + "; ".join(spanned) + "."] if spanned else []
+
+
+def chosen_precisions(runs, name):
+    """A note under a table on what --compute_dtype=auto (the recipes' setting) chose in each run's
+    learner (precision), or [] where no run chose: a run's speed depends on it."""
+    chosen = ["%s: %s" % (name(r), r["precision"]) for r in runs if r.get("precision")]
+    return ["", "The learner's precision as --compute_dtype=auto chose it: " + "; ".join(chosen) + "."] if chosen else []
 
 
 def ceiling_fps(logdir, level, screen):
@@ -311,6 +328,7 @@ def table(runs, frames):
         lines += ["", "Median human-normalised score over these runs (each at its last row): ours %.2f, baselines "
                   "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
     lines += mixed_machines(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
+    lines += chosen_precisions(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     if unpublished:
         lines += ["", "No published PPO score at 40M frames in ../shared/anchors.md for %s: left out of the median."
                   % ", ".join(sorted(unpublished))]

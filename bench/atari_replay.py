@@ -50,7 +50,7 @@ VARIANTS = {  # name: (what it is, --replay_parameters, the variant's own flags 
                             ["--clip_ratio_to=fresh_batch_start"]),
 }
 CSV_FIELDS = ["game", "variant", "seed", "frames", "return_last100", "best_last100", "train_seconds", "fps",
-              "learner_samples_per_s", "resumed_at", "extra_flags", "budget", "machines"]
+              "learner_samples_per_s", "resumed_at", "extra_flags", "budget", "machines", "precision"]
 KEPT_METRICS = "atari_replay_%s_%s_seed%d_metrics.csv"  # game, variant, seed (bench/atari.py's module doc)
 
 
@@ -117,7 +117,9 @@ def table(runs):
         lines.append("| %s | %s | %d | %.1fM | %.1f | %.1f | %.0f min | %.0f | %.0f | %s |" % (
             r["game"], r["variant"], r["seed"], r["frames"] / 1e6, r["return_last100"], r["best_last100"],
             r["train_seconds"] / 60, r["fps"], r["learner_samples_per_s"], r["resumed_at"] or "-"))
-    return lines + atari.mixed_machines(runs, lambda r: "%s %s seed %d" % (r["game"], r["variant"], r["seed"]))
+    def name(r):
+        return "%s %s seed %d" % (r["game"], r["variant"], r["seed"])
+    return lines + atari.mixed_machines(runs, name) + atari.chosen_precisions(runs, name)
 
 
 def plot(game, runs, frames, out):

@@ -243,6 +243,30 @@ def test_a_run_resumed_on_another_kind_of_machine_says_so_under_the_table(tmp_pa
     assert atari.table(atari.collect(str(tmp_path)), 40_000_000)[-1] == note
 
 
+def test_the_precision_auto_chose_is_noted_under_the_table_and_kept_in_atari_csv(tmp_path):
+    """--compute_dtype=auto (the recipes') may choose differently when a run resumes on another kind
+    of machine: the note names each run's choices in order, a fresh checkout keeps it, and a run that
+    named its precision gets none."""
+    runs = tmp_path / "atari_runs"
+    log = ("[learner 0] compute dtype bfloat16 (--compute_dtype=auto: a gradient step ...)\n"
+           "[learner 0] resumed from x at 4000000 frames\n[learner 0] compute dtype bfloat16 (--compute_dtype=auto: ...)\n"
+           "[learner 0] compute dtype float32 (--compute_dtype=auto: ...)\n")
+    for name, text in (("Breakout_s1", log), ("Pong_s1", "[learner 0] serving ...\n")):
+        _metrics(str(runs / name), [dict(time_s=100, frames=4_000_000, updates=1, mean_return_100=3.0)])
+        os.makedirs(runs / name / "logs")
+        (runs / name / "logs" / "learner.log").write_text(text)
+    assert atari.precision(str(runs / "Breakout_s1")) == "bfloat16 then float32"
+    assert atari.precision(str(runs / "Pong_s1")) == ""
+    note = atari.table(atari.collect(str(tmp_path)), 40_000_000)[-1]
+    assert note == "The learner's precision as --compute_dtype=auto chose it: Breakout seed 1: bfloat16 then float32."
+    with open(tmp_path / "atari.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, atari.CSV_FIELDS)
+        w.writeheader()
+        w.writerows({k: r[k] for k in atari.CSV_FIELDS} for r in atari.collect(str(tmp_path)))
+    shutil.rmtree(runs)
+    assert atari.table(atari.collect(str(tmp_path)), 40_000_000)[-1] == note
+
+
 def test_machine_json_keeps_the_peers_it_does_not_measure_again(tmp_path, monkeypatch):
     """A suite run without a peer's venv keeps that peer's recorded versions (its tables there were made
     with them) and records this run's own versions and date."""

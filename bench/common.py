@@ -18,7 +18,7 @@ def cpu_model(cpuinfo="/proc/cpuinfo"):
     """The CPU's model name as /proc/cpuinfo gives it, with " without AVX-512" where its flags lack
     avx512f (what names a machine's results folder). Virtual machines give one name to CPUs of
     different generations: an "AMD EPYC" with AVX512_BF16 ran the Pong recipe's update 1.5x faster
-    in bfloat16, one without AVX-512 4.6x slower (bench/results/<machine>/compute_dtype.md)."""
+    in bfloat16, one without AVX-512 4.8x slower (bench/results/<machine>/compute_dtype.md)."""
     name, flags = None, None
     try:
         for line in open(cpuinfo):

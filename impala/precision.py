@@ -2,7 +2,7 @@
 
 bfloat16 pays only where the CPU's oneDNN kernels run it natively, and no CPU flag says where:
 on 2-core machines the Pong recipe's update was 1.5x faster in bfloat16 on an AMD EPYC with
-AVX512_BF16, 1.4x slower on an Intel Xeon that also has AVX512_BF16, and 4.6x slower on an AMD
+AVX512_BF16, 1.4x slower on an Intel Xeon that also has AVX512_BF16, and 4.8x slower on an AMD
 EPYC without AVX-512 (bench/results/<machine>/compute_dtype.md). So each process times its own
 work in both precisions at start-up and keeps the faster: the learner a gradient step on one
 minibatch, an actor one inference step of its env group. Processes on different hosts may choose

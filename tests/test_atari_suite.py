@@ -375,7 +375,7 @@ def test_a_run_finished_in_another_checkout_is_not_run_again(tmp_path):
 
 def test_a_cpu_without_avx512_is_named_apart(tmp_path):
     """Virtual machines call CPUs of different generations "AMD EPYC"; bfloat16 is 1.5x faster on
-    one and 4.6x slower on the other, so the name that files results says which it is."""
+    one and 4.8x slower on the other, so the name that files results says which it is."""
     from bench import common
     info = "processor\t: %d\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 %s\n\n"
     for extra, name in (("", "AMD EPYC without AVX-512"), ("avx512f avx512_bf16", "AMD EPYC")):

@@ -314,7 +314,7 @@ def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     at 1.64M and 1.55M frames in the recipe's two runs, seeds 2 and 3 at 1.66M and 2.22M:
     bench/results/2core-amd-epyc/pong_normalize.md; the run stops there). A frame budget: a
     slow machine only takes longer (about 4 minutes at 8K frames/s, 11 at 6K to 4M). The recipe
-    times its precision (--compute_dtype=auto): bfloat16 alone ran 4.6x slower on an AMD EPYC
+    times its precision (--compute_dtype=auto): bfloat16 alone ran 4.8x slower on an AMD EPYC
     without AVX-512 and CI ran out of time. A run that cannot finish says how far it got."""
     from bench import run as harness
     a = dict(zip(harness.PONG_LEARNS[0:8:2], harness.PONG_LEARNS[1:8:2]))

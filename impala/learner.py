@@ -60,6 +60,14 @@ def make_optimizer(flags, learning_rate, variables):
     return optimizer
 
 
+def mean_over_ranks(times):
+    """{name: seconds} averaged over the Horovod ranks (precision.resolve's `agree`)."""
+    names = sorted(times)
+    mean = hvd.allreduce(tf.constant([times[n] for n in names], tf.float64), op=hvd.Average,
+                         name="compute_dtype_times")
+    return dict(zip(names, (float(t) for t in mean.numpy())))
+
+
 class Learner:
     """One rank's model, optimizer, counters and replay, with its update step and checkpoints."""
 
@@ -76,7 +84,7 @@ class Learner:
         # before the update is traced; timed on one minibatch, the unit of the update's work
         self.compute_dtype_note = precision.resolve(
             flags, self.agent, self.env_spec, max(1, flags.batch_size * flags.unroll_length // flags.num_minibatches),
-            train=True)
+            train=True, agree=mean_over_ranks if size > 1 else None)
         self.frames_per_step = flags.num_action_repeats or (4 if self.env_spec.is_atari else 1)
         self.num_env_frames = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_env_frames")
         self.update_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_step")

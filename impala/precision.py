@@ -5,8 +5,10 @@ on 2-core machines the Pong recipe's update was 1.5x faster in bfloat16 on an AM
 AVX512_BF16, 1.4x slower on an Intel Xeon that also has AVX512_BF16, and 4.8x slower on an AMD
 EPYC without AVX-512 (bench/results/<machine>/compute_dtype.md). So each process times its own
 work in both precisions at start-up and keeps the faster: the learner a gradient step on one
-minibatch, an actor one inference step of its env group. Processes on different hosts may choose
-differently; the variables, the published weights and the checkpoints are float32 either way.
+minibatch, an actor one inference step of its env group. Actors and the evaluator on different
+hosts may choose differently; the variables, the published weights and the checkpoints are float32
+either way. Horovod learner ranks must not: ranks that traced different updates submit allreduces
+of different names and wait for each other for ever, so they decide on the mean of their times.
 
 bfloat16 must win by BF16_MARGIN, not by any amount: such a timing runs while the other processes
 start beside it, and on the Intel Xeon a one-pass timing of this kind found bfloat16 1.16x faster
@@ -68,18 +70,22 @@ def time_dtypes(agent, obs_shape, obs_dtype, batch, train, repeats=REPEATS):
     return best
 
 
-def resolve(flags, agent, env_spec, batch, train):
+def resolve(flags, agent, env_spec, batch, train, agree=None):
     """Sets agent.compute_dtype from --compute_dtype, timing both precisions when it is `auto`
     (a `batch`-observation gradient step with `train`, an inference step without) and taking
-    bfloat16 where it is BF16_MARGIN times faster. Returns a
+    bfloat16 where it is BF16_MARGIN times faster. `agree`: for processes that must choose
+    alike, maps this process's times to the ones all of them decide on. Returns a
     sentence for the process's log that says what was chosen and why, or None when the flag
     named the precision."""
     if flags.compute_dtype != "auto":
         agent.compute_dtype = tf.as_dtype(flags.compute_dtype)
         return None
     times = time_dtypes(agent, env_spec.obs_shape, env_spec.obs_dtype, batch, train)
+    if agree is not None:
+        times = agree(times)
     chosen = "bfloat16" if times["float32"] >= BF16_MARGIN * times["bfloat16"] else "float32"
     agent.compute_dtype = tf.as_dtype(chosen)
-    return ("compute dtype %s (--compute_dtype=auto: %s on %d observations took %s)"
+    return ("compute dtype %s (--compute_dtype=auto: %s on %d observations took %s%s)"
             % (chosen, "a gradient step" if train else "an inference step", batch,
-               ", ".join("%.1f ms in %s" % (1000 * times[n], n) for n in DTYPES)))
+               ", ".join("%.1f ms in %s" % (1000 * times[n], n) for n in DTYPES),
+               "" if agree is None else ", the mean over the ranks"))

@@ -182,14 +182,15 @@ def summarise(level, seed, logdir, ceiling_fps):
         return float(score[i]) if frames[-1] >= m and i >= 0 else float("nan")
     fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
     extra = common.read_json(os.path.join(logdir, "extra_flags.json"), [])
+    log = common.learner_log(logdir)  # the suite appends every (re)start to it
     budget = common.read_json(os.path.join(logdir, "options.json"), {}).get("total_environment_frames")
     return {"budget": budget, "game": short(level), "seed": seed, "frames": int(frames[-1]),
             "return_last100": float(score[-1]),
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
             "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
-            "resumed_at": " ".join(resumed_at(logdir)),
+            "resumed_at": " ".join(resumed_at(log)),
             "updates": int(rows[-1]["updates"]), "extra": extra, "extra_flags": " ".join(extra),
-            "machines": machines(logdir), "precision": precision(logdir), "curve": (frames, times, score)}
+            "machines": machines(logdir), "precision": precision(log), "curve": (frames, times, score)}
 
 
 def restore(row, metrics_path):
@@ -224,19 +225,15 @@ def with_kept(out, suite_csv, kept_metrics, present, key_of):
                                          for key, row in kept.items()]
 
 
-def resumed_at(logdir):
-    """The frame counts the run was resumed at, as its learner logged them (the suite appends to the log)."""
-    path = os.path.join(logdir, "logs", "learner.log")
-    text = open(path, errors="replace").read() if os.path.exists(path) else ""
+def resumed_at(text):
+    """The frame counts the run was resumed at, as its learner log `text` says."""
     return re.findall(r"\[learner 0\] resumed from \S+ at (\d+) frames", text)
 
 
-def precision(logdir):
-    """The precisions the learner chose with --compute_dtype=auto, as its log says, one per change
-    and joined by " then " ("" where the run named its precision): a run resumed on another kind of
-    machine may choose differently."""
-    path = os.path.join(logdir, "logs", "learner.log")
-    text = open(path, errors="replace").read() if os.path.exists(path) else ""
+def precision(text):
+    """The precisions the learner chose with --compute_dtype=auto, as its log `text` says, one per
+    change and joined by " then " ("" where the run named its precision): a run resumed on another
+    kind of machine may choose differently."""
     chosen = re.findall(r"\[learner 0\] compute dtype (\w+) \(--compute_dtype=auto", text)
     return " then ".join(c for i, c in enumerate(chosen) if i == 0 or c != chosen[i - 1])
 

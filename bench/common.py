@@ -61,18 +61,24 @@ def read_json(path, default=None):
         return json.load(f)
 
 
+def learner_log(logdir):
+    """The text of a run folder's learner log, "" where there is none."""
+    path = os.path.join(logdir, "logs", "learner.log")
+    if not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 def finished_run(logdir):
     """What a stopped run left in `logdir`: metrics.csv's rows, summary.json (None where the
     learner wrote none) and the learner's log ("" where there is none); then removes `logdir`,
     since the benches keep only their own tables."""
     rows = read_csv(os.path.join(logdir, "metrics.csv"))
-    summary, log = None, ""
+    summary, log = None, learner_log(logdir)
     if os.path.exists(os.path.join(logdir, "summary.json")):
         with open(os.path.join(logdir, "summary.json")) as f:
             summary = json.load(f)
-    if os.path.exists(os.path.join(logdir, "logs", "learner.log")):
-        with open(os.path.join(logdir, "logs", "learner.log"), errors="replace") as f:
-            log = f.read()
     shutil.rmtree(logdir, ignore_errors=True)
     return rows, summary, log
 

@@ -182,7 +182,7 @@ def summarise(level, seed, logdir, ceiling_fps):
         return float(score[i]) if frames[-1] >= m and i >= 0 else float("nan")
     fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
     extra = common.read_json(os.path.join(logdir, "extra_flags.json"), [])
-    log = common.learner_log(logdir)  # the suite appends every (re)start to it
+    log = common.log_text(logdir)  # the suite appends every (re)start to it
     budget = common.read_json(os.path.join(logdir, "options.json"), {}).get("total_environment_frames")
     return {"budget": budget, "game": short(level), "seed": seed, "frames": int(frames[-1]),
             "return_last100": float(score[-1]),

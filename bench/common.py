@@ -61,9 +61,9 @@ def read_json(path, default=None):
         return json.load(f)
 
 
-def learner_log(logdir):
-    """The text of a run folder's learner log, "" where there is none."""
-    path = os.path.join(logdir, "logs", "learner.log")
+def log_text(logdir, name="learner.log"):
+    """The text of a run folder's log `name` (the learner's by default), "" where there is none."""
+    path = os.path.join(logdir, "logs", name)
     if not os.path.exists(path):
         return ""
     with open(path, errors="replace") as f:
@@ -75,10 +75,7 @@ def finished_run(logdir):
     learner wrote none) and the learner's log ("" where there is none); then removes `logdir`,
     since the benches keep only their own tables."""
     rows = read_csv(os.path.join(logdir, "metrics.csv"))
-    summary, log = None, learner_log(logdir)
-    if os.path.exists(os.path.join(logdir, "summary.json")):
-        with open(os.path.join(logdir, "summary.json")) as f:
-            summary = json.load(f)
+    summary, log = read_json(os.path.join(logdir, "summary.json")), log_text(logdir)
     shutil.rmtree(logdir, ignore_errors=True)
     return rows, summary, log
 

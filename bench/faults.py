@@ -72,17 +72,12 @@ def wait_for(cond, timeout, step=0.2):
     return None
 
 
-def log_text(logdir, name="learner.log"):
-    path = os.path.join(logdir, "logs", name)
-    return open(path, errors="replace").read() if os.path.exists(path) else ""
-
-
 def detected_and_going_on(logdir, words, timeout, settle, since=0):
     """Right after a fault: whether the learner's log says `words` (past its first `since`
     characters) within `timeout` s, the seconds until it did (nan if never), and whether the
     frame count still grows over the next `settle` s."""
     t_fault = time.time()
-    seen = wait_for(lambda: words in log_text(logdir)[since:], timeout)
+    seen = wait_for(lambda: words in common.log_text(logdir)[since:], timeout)
     detect = time.time() - t_fault if seen else float("nan")
     f0 = frames_now(logdir)
     time.sleep(settle)
@@ -103,7 +98,7 @@ def scenario_kill_actor(base, work):
     c = LocalCluster(2, base, FLAGS + ["--total_environment_frames=10000000"], logdir).start()
     try:
         wait_for(lambda: frames_now(logdir) > 20000, 120)
-        before = len(log_text(logdir))  # only what the learner says after the kill counts
+        before = len(common.log_text(logdir))  # only what the learner says after the kill counts
         os.killpg(c.actor_procs[0].pid, signal.SIGKILL)
         seen, detect, goes_on = detected_and_going_on(logdir, "actor 0 has sent nothing", 60, 5, before)
     finally:
@@ -124,7 +119,7 @@ def scenario_kill_learner(base, work):
         os.killpg(c.learner.pid, signal.SIGKILL)
         t_kill = time.time()
         c.learner.wait()
-        noticed = wait_for(lambda: "reconnecting" in log_text(logdir, "actor_0.log"), 30)
+        noticed = wait_for(lambda: "reconnecting" in common.log_text(logdir, "actor_0.log"), 30)
         detect = time.time() - t_kill if noticed else float("nan")
         prefix, ckpt_frames = newest_checkpoint_frames(logdir)
         # Restart the learner alone, in train_w_load; the same actor processes reconnect.
@@ -138,7 +133,7 @@ def scenario_kill_learner(base, work):
                                      start_new_session=True)
         code = c.learner.wait(timeout=180)
         resumed = time.time() - t_restart
-        text = log_text(logdir, "learner2.log")
+        text = common.log_text(logdir, "learner2.log")
         m = re.search(r"resumed from \S+ at (\d+) frames", text)
         actors_back = all(p.poll() is None or p.returncode == 0 for p in c.actor_procs)
     finally:
@@ -177,7 +172,7 @@ def scenario_kill_horovod_rank(base, work):
         code = c2.wait(timeout=240)
     finally:
         c2.stop()
-    m = re.search(r"resumed from \S+ at (\d+) frames", log_text(logdir))
+    m = re.search(r"resumed from \S+ at (\d+) frames", common.log_text(logdir))
     return {"fault": "SIGKILL 1 of 2 Horovod ranks", "detected_s": detect,
             "what_happened": "mpirun ended the job (exit %s) in %.1f s; %s by %.0f s (exit codes %s); train_w_load "
                              "with 2 ranks resumed at %s frames and finished (exit %s)"
@@ -246,7 +241,7 @@ def scenario_truncated_checkpoint(base, work):
         code = c2.wait(timeout=180)
     finally:
         c2.stop()
-    text = log_text(logdir)
+    text = common.log_text(logdir)
     warned = "is unreadable" in text
     m = re.search(r"resumed from (\S+) at (\d+) frames", text)
     return {"fault": "newest checkpoint's data file truncated", "detected_s": 0.0,
@@ -265,7 +260,7 @@ def scenario_partial_accept(base, work):
         c.stop()
     summary = json.load(open(os.path.join(logdir, "summary.json")))
     resent = sum(int(m) for i in range(2) for m in re.findall(r"(\d+) enqueue\(s\) sent again",
-                                                                log_text(logdir, "actor_%d.log" % i)))
+                                                                common.log_text(logdir, "actor_%d.log" % i)))
     dropped = summary.get("repeated_unrolls_dropped", 0)
     return {"fault": "duplicate send: a partial accept, then the whole enqueue sent again (12 unrolls per enqueue, queue of 8, "
                      "0.05 s backstop)", "detected_s": 0.0,
@@ -287,7 +282,7 @@ def scenario_resume_fallback_replay(base, work):
         c.wait(timeout=180)
     finally:
         c.stop()
-    saved = dict(re.findall(r"replay contents of (ckpt-\d+) checkpointed: .*digest (\w+)", log_text(logdir)))
+    saved = dict(re.findall(r"replay contents of (ckpt-\d+) checkpointed: .*digest (\w+)", common.log_text(logdir)))
     newest, _ = newest_checkpoint_frames(logdir)
     data = glob.glob(newest + ".data-*")[0]
     with open(data, "r+b") as f:
@@ -298,7 +293,7 @@ def scenario_resume_fallback_replay(base, work):
         code = c2.wait(timeout=180)
     finally:
         c2.stop()
-    text = log_text(logdir)
+    text = common.log_text(logdir)
     m = re.search(r"replay state of (ckpt-\d+) restored: \d+ unrolls stored, digest (\w+)", text)
     same = bool(m and saved.get(m.group(1)) == m.group(2))
     warned = os.path.basename(newest) in text and "is unreadable" in text

@@ -256,8 +256,8 @@ def test_the_precision_auto_chose_is_noted_under_the_table_and_kept_in_atari_csv
         _metrics(str(runs / name), [dict(time_s=100, frames=4_000_000, updates=1, mean_return_100=3.0)])
         os.makedirs(runs / name / "logs")
         (runs / name / "logs" / "learner.log").write_text(text)
-    assert atari.precision(common.learner_log(str(runs / "Breakout_s1"))) == "bfloat16 then float32"
-    assert atari.precision(common.learner_log(str(runs / "Pong_s1"))) == ""
+    assert atari.precision(common.log_text(str(runs / "Breakout_s1"))) == "bfloat16 then float32"
+    assert atari.precision(common.log_text(str(runs / "Pong_s1"))) == ""
     note = atari.table(atari.collect(str(tmp_path)), 40_000_000)[-1]
     assert note == "The learner's precision as --compute_dtype=auto chose it: Breakout seed 1: bfloat16 then float32."
     with open(tmp_path / "atari.csv", "w", newline="") as f:

@@ -466,14 +466,19 @@ def command(suite, a, runs):
     groups = {}
     for r in runs:
         extra = tuple(f for f in r["extra"] if not f.startswith("--replay_parameters="))
-        games, seeds = groups.setdefault((r["budget"] or a.frames, extra), (set(), set()))
+        games, seeds, variants = groups.setdefault((r["budget"] or a.frames, extra), (set(), set(), []))
         games.add("%sNoFrameskip-v4" % r["game"])
         seeds.add(r["seed"])
+        # The replay suite runs every variant unless told: without its --variants the line would
+        # start variants these runs never had (runs come in the suite's variant order).
+        if r.get("variant") and r["variant"] not in variants:
+            variants.append(r["variant"])
     if not groups:
-        groups[(a.frames, tuple(a.recipe_extra))] = (set(a.games), set(a.seeds))
+        groups[(a.frames, tuple(a.recipe_extra))] = (set(a.games), set(a.seeds), list(getattr(a, "variants", [])))
     out = " --out %s" % a.out if getattr(a, "out", None) else ""  # a resume must find the same folder
-    lines = [".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s%s" % (
+    lines = [".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s%s%s" % (
         suite, " ".join(sorted(games)), frames, " ".join(map(str, sorted(seeds))),
+        " --variants %s" % " ".join(variants) if variants else "",
         " --recipe_extra='%s'" % " ".join(extra) if extra else "", out)
-        for (frames, extra), (games, seeds) in sorted(groups.items())]
+        for (frames, extra), (games, seeds, variants) in sorted(groups.items())]
     return "Command%s: %s" % ("s" if len(lines) > 1 else "", "; ".join("`%s`" % line for line in lines))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import atari_replay, common
+from bench import atari, atari_replay, common
 from tests.test_atari_suite import _metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,6 +38,20 @@ def test_the_table_reads_each_variants_folders_and_leaves_others_alone(tmp_path)
     assert elite["fps"] == pytest.approx(2000.0)
     lines = atari_replay.table(runs)
     assert lines[3].startswith("| Breakout | elite | 1 | 0.2M | 30.0 | 30.0 | 2 min | 2000 | 2048 |")
+
+
+def test_the_command_line_names_the_variants_its_runs_had(tmp_path):
+    """The suite runs every variant unless told, so the table's command, which resumes a cut run,
+    names the variants the table's runs had, in the suite's order."""
+    out = str(tmp_path)
+    _run(out, "elite", 2, 30.0)
+    _run(out, "queue", 2, 10.0)
+    invoked = argparse.Namespace(games=["BreakoutNoFrameskip-v4"], seeds=[2], frames=200_000, recipe_extra=[],
+                                 variants=list(atari_replay.VARIANTS), out=out)
+    line = atari.command("atari_replay", invoked, atari_replay.collect(out))
+    assert line == ("Command: `.venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 "
+                    "--frames 200000 --seeds 2 --variants queue elite --out %s`" % out), line
+    assert "--variants %s --out" % " ".join(atari_replay.VARIANTS) in atari.command("atari_replay", invoked, [])
 
 
 def test_runs_made_in_another_checkout_stay_in_the_table(tmp_path):

@@ -460,9 +460,10 @@ def report(a, out):
         "", command("atari", a, runs)]
 
 
-def command(suite, a, runs):
+def command(suite, a, runs, invoked_variants=()):
     """The table's "Command:" line: the command lines that made its runs, one per frame budget and
-    recipe flags, since the table holds every run folder there, not only those this invocation ran."""
+    recipe flags, since the table holds every run folder there, not only those this invocation ran;
+    with no run yet, the invocation's own line (the replay suite's `invoked_variants` with it)."""
     groups = {}
     for r in runs:
         extra = tuple(f for f in r["extra"] if not f.startswith("--replay_parameters="))
@@ -474,7 +475,7 @@ def command(suite, a, runs):
         if r.get("variant") and r["variant"] not in variants:
             variants.append(r["variant"])
     if not groups:
-        groups[(a.frames, tuple(a.recipe_extra))] = (set(a.games), set(a.seeds), list(getattr(a, "variants", [])))
+        groups[(a.frames, tuple(a.recipe_extra))] = (set(a.games), set(a.seeds), list(invoked_variants))
     out = " --out %s" % a.out if getattr(a, "out", None) else ""  # a resume must find the same folder
     lines = [".venv/bin/python bench/run.py %s --games %s --frames %d --seeds %s%s%s%s" % (
         suite, " ".join(sorted(games)), frames, " ".join(map(str, sorted(seeds))),

@@ -202,4 +202,4 @@ def report(a, out):
                 "; ".join("**%s** %s" % (k, v[0]) for k, v in VARIANTS.items()), CAPACITY), ""] + table(runs) + [
         ""] + [verdict(game, [r for r in runs if r["game"] == game]) for game in games] + [
         "", "Figures: %s" % ", ".join("[atari_replay_%s.png](atari_replay_%s.png)" % (g, g) for g in games),
-        "", atari.command("atari_replay", a, runs)]
+        "", atari.command("atari_replay", a, runs, a.variants)]

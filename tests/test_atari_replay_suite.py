@@ -51,7 +51,9 @@ def test_the_command_line_names_the_variants_its_runs_had(tmp_path):
     line = atari.command("atari_replay", invoked, atari_replay.collect(out))
     assert line == ("Command: `.venv/bin/python bench/run.py atari_replay --games BreakoutNoFrameskip-v4 "
                     "--frames 200000 --seeds 2 --variants queue elite --out %s`" % out), line
-    assert "--variants %s --out" % " ".join(atari_replay.VARIANTS) in atari.command("atari_replay", invoked, [])
+    assert "--variants %s --out" % " ".join(atari_replay.VARIANTS) in atari.command(
+        "atari_replay", invoked, [], invoked.variants)
+    assert "--variants" not in atari.command("atari", invoked, [])
 
 
 def test_runs_made_in_another_checkout_stay_in_the_table(tmp_path):

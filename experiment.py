@@ -131,6 +131,10 @@ flags.DEFINE_integer("prefetch_batches", 1, "Batches the learner dequeues ahead 
                      "0 = dequeue between updates.")
 flags.DEFINE_float("entropy_cost", 0.00025, "Entropy cost.")
 flags.DEFINE_float("baseline_cost", 0.5, "Baseline cost.")
+flags.DEFINE_float("action_bound_cost", 0.0, "Continuous actions: weight of a loss on how far the Gaussian's mean "
+                   "lies beyond the action space's bounds (squared, summed like the other terms). Actions are "
+                   "clipped to the bounds, so a mean far outside them learns nothing back; configs/pendulum.flags "
+                   "uses 1 (its runs with and without: the flag file's comments).")
 flags.DEFINE_float("discounting", 0.99, "Discount factor.")
 flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "none"],
                   "Reward clipping in the loss: abs_one clips each reward to [-1, 1] (IMPALA's and the "
@@ -215,8 +219,9 @@ FLAGS = flags.FLAGS
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "mlp_hidden",
              "mlp_activation", "initial_log_std", "min_log_std", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
-             "entropy_cost", "baseline_cost", "discounting", "reward_clipping", "gradients_clipping",
-             "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed", "replay_parameters",
+             "entropy_cost", "baseline_cost", "action_bound_cost", "discounting", "reward_clipping",
+             "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",
+             "replay_parameters",
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "minibatch_over",
              "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init",
              "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs",
@@ -235,7 +240,7 @@ for _name in ("batch_size", "unroll_length", "test_num_episodes", "envs_per_acto
                              message="must be a positive integer")
 for _name in ("learning_rate", "epsilon", "adam_epsilon"):
     flags.register_validator(_name, lambda v: v > 0, message="must be > 0")
-for _name in ("entropy_cost", "baseline_cost", "gradients_clipping", "momentum"):
+for _name in ("entropy_cost", "baseline_cost", "action_bound_cost", "gradients_clipping", "momentum"):
     flags.register_validator(_name, lambda v: v >= 0, message="must be >= 0")
 flags.register_validator("discounting", lambda v: 0 <= v <= 1, message="must be in [0, 1]")
 flags.register_validator("decay", lambda v: 0 <= v < 1, message="must be in [0, 1)")

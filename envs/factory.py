@@ -63,6 +63,10 @@ class EnvSpec(NamedTuple):
     action_dim: int | None  # continuous (1-D Box) action spaces
     discrete: bool
     is_atari: bool
+    # A Box action space's bounds per dimension (None for Discrete): the env batch clips actions to
+    # them and --action_bound_cost keeps the Gaussian's mean inside them.
+    action_low: tuple | None = None
+    action_high: tuple | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -435,6 +439,8 @@ def _spec_of(env, env_id):
             num_actions=int(act_space.n) if discrete else None,
             action_dim=None if discrete else int(act_space.shape[0]),
             discrete=discrete,
-            is_atari=is_atari(env_id))
+            is_atari=is_atari(env_id),
+            action_low=None if discrete else tuple(float(x) for x in act_space.low),
+            action_high=None if discrete else tuple(float(x) for x in act_space.high))
     finally:
         env.close()

@@ -105,7 +105,7 @@ def replay_file(flags, path):
         finite, tensors, value_scale = statistics_stage(learner, {k: tf.constant(v) for k, v in batch.items()})
         with tf.GradientTape() as tape:
             out, _ = learner.agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
-            loss, stats = loss_lib.compute_losses(out, tensors, flags, value_scale)
+            loss, stats = loss_lib.compute_losses(out, tensors, flags, value_scale, learner.action_bounds())
         ok = all([finite, describe("total loss (one full-batch step)", loss)]
                  + [describe("  " + k, stats[k]) for k in sorted(stats)]
                  + [describe("gradient global norm",

@@ -220,6 +220,10 @@ class Learner:
             self.agent.update_return_statistics(tf.stop_gradient(targets.vs), average, batch.get("fresh"),
                                                 self.flags.preserve_value_outputs)
 
+    def action_bounds(self):
+        """(low, high) of a Box action space, for compute_losses' --action_bound_cost; None for Discrete."""
+        return None if self.env_spec.discrete else (self.env_spec.action_low, self.env_spec.action_high)
+
     def value_scale(self):
         return 1.0 if self.agent.return_normaliser is None else self.agent.return_normaliser.std()
 
@@ -244,7 +248,7 @@ class Learner:
             mb = take(i)
             with tf.GradientTape() as tape:
                 out, _ = self.agent.unroll(mb["observation"], mb["first"], self._core_state(mb))
-                loss, step_stats = loss_lib.compute_losses(out, mb, self.flags, value_scale)
+                loss, step_stats = loss_lib.compute_losses(out, mb, self.flags, value_scale, self.action_bounds())
             if self.size > 1:
                 tape = hvd.DistributedGradientTape(tape)
             grads = tape.gradient(loss, self.variables)

@@ -87,6 +87,16 @@ def compute_clipped_surrogate_loss(ratio, advantages, clip):
                                      tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * advantages))
 
 
+def compute_action_bound_loss(mean, low, high):
+    """How far a Gaussian's mean [..., d] lies beyond the action space's bounds (`low`, `high`, d
+    each), squared and summed. The env batch clips actions to the bounds, so a mean far outside
+    them gets every sample clipped to the same action: no advantage then tells the mean which way
+    to move, and Pendulum's runs fell back from -300 to -1,500 and stayed there for 300K frames
+    (configs/pendulum.flags). An infinite bound adds nothing."""
+    low, high = tf.constant(low, tf.float32), tf.constant(high, tf.float32)
+    return tf.reduce_sum(tf.square(tf.nn.relu(mean - high) + tf.nn.relu(low - mean)))
+
+
 def standardise(advantages):
     """PPO's per-minibatch standardisation (--normalize_advantages): the policy-gradient scale no
     longer depends on the reward scale, so the entropy cost means the same in every game."""
@@ -134,10 +144,12 @@ def policy_ratio(vt, logits, batch, fixed=False):
     return bounded_ratio(log_pi - reference)
 
 
-def compute_losses(agent_out, batch, flags, value_scale=1.0):
+def compute_losses(agent_out, batch, flags, value_scale=1.0, action_bounds=None):
     """The total loss on one time-major batch and its parts: the policy term (IMPALA's, or
     APPO's clipped surrogate with --clip_param > 0), the baseline and entropy terms weighted by
-    --baseline_cost and --entropy_cost. `value_scale`: compute_baseline_loss's."""
+    --baseline_cost and --entropy_cost, and for a Gaussian policy with `action_bounds` (the action
+    space's low and high) the mean's overshoot weighted by --action_bound_cost. `value_scale`:
+    compute_baseline_loss's."""
     logits = agent_out.policy_logits[:-1]       # [T, B, A]
     vt, fixed = step_targets(agent_out, batch, flags)
     advantages = standardise(vt.pg_advantages) if flags.normalize_advantages else vt.pg_advantages
@@ -150,6 +162,10 @@ def compute_losses(agent_out, batch, flags, value_scale=1.0):
     step_entropy = policy_of(batch).entropy(logits)
     entropy_loss = flags.entropy_cost * compute_entropy_loss(step_entropy)
     total = pg_loss + baseline_loss + entropy_loss
-    return total, {"pg_loss": pg_loss, "baseline_loss": baseline_loss,
-                   "entropy": tf.reduce_mean(step_entropy), "total_loss": total,
-                   "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos))}
+    stats = {"pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy": tf.reduce_mean(step_entropy),
+             "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos))}
+    if flags.action_bound_cost > 0 and action_bounds is not None and policy_of(batch).continuous:
+        mean = policy_of(batch).mode(logits)
+        stats["action_bound_loss"] = flags.action_bound_cost * compute_action_bound_loss(mean, *action_bounds)
+        total += stats["action_bound_loss"]
+    return total, dict(stats, total_loss=total)

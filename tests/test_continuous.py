@@ -82,25 +82,24 @@ def test_actions_are_clipped_for_the_env_only():
     b.close()
 
 
-@pytest.mark.slow  # 45-50 s: the default suite keeps under 15 minutes
+@pytest.mark.slow  # 45-90 s: the default suite keeps under 15 minutes
 def test_pendulum_learns_and_plays_in_test_mode(tmp_path):
-    """configs/pendulum.flags: a random policy scores about -1,200 a game (the mean of 20 games
-    stays within about -1,050..-1,350). The run must learn: the mean of 20 games passes -700 by
-    500K frames, and at the end the mean of 100 is still 300 above its first reading. The recipe
-    learns by about 60K frames and often falls back part way (README, not working): seeds 1, 3,
-    4 and 6 ended at -188 to -377, but this test's seed 3 once ended at -1,058 after -266 at 68K
-    frames, and CI's clipped-reward run at -1,067, so the end is not held to a bar of its own.
-    Test mode then plays the run's continuous policy from its checkpoint."""
+    """configs/pendulum.flags: a random policy scores about -1,200 a game. The run must learn and
+    keep what it learned: the mean of 100 games passes -400 by 150K frames, never falls below -600
+    after that and ends above -300. Runs of the file ended at -172 to -211 and passed -400 by 66K-106K
+    frames; without its --action_bound_cost most runs fell back to -760..-1,520 for a while, once
+    to the end (bench/results/2core-amd-epyc-without-avx-512/pendulum_bound.md). Test mode then
+    plays the run's continuous policy from its checkpoint."""
     logdir = str(tmp_path / "run")
     _train(logdir, ["--flagfile=%s/configs/pendulum.flags" % ROOT, "--seed=3", "--log_every_s=2"], timeout=240)
     rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
     assert int(rows[-1]["frames"]) >= 500000
     # A slow machine writes its first rows before a 200-step game has ended; those read nan.
-    scored = [r for r in rows if r["mean_return_100"] != "nan"]
-    best = max(float(r["mean_return_20"]) for r in scored)
-    first, last = float(scored[0]["mean_return_100"]), float(scored[-1]["mean_return_100"])
-    assert best > -700 and last > first + 300, "best mean of 20 games %.0f; mean of 100: %.0f at first, %.0f at " \
-        "the end" % (best, first, last)
+    curve = [(int(r["frames"]), float(r["mean_return_100"])) for r in rows if r["mean_return_100"] != "nan"]
+    passed = next((i for i, (_, score) in enumerate(curve) if score > -400), None)
+    text = " ".join("%dK:%.0f" % (f // 1000, score) for f, score in curve)
+    assert passed is not None and curve[passed][0] <= 150000, "mean of 100 by frames: " + text
+    assert min(score for _, score in curve[passed:]) > -600 and curve[-1][1] > -300, "mean of 100 by frames: " + text
     r = _run_experiment(["--mode=test", "--load_model_url=" + logdir, "--test_num_episodes=5"])
     assert r.returncode == 0, r.stderr
     assert json.load(open(os.path.join(logdir, "test_results.json")))["episodes"] == 5

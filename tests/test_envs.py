@@ -57,7 +57,9 @@ def test_mujoco_observations_are_float32():
     assert obs.shape == (17,) and obs.dtype == np.float32
     env.close()
     assert envs.env_spec("HalfCheetah-v5") == envs.EnvSpec(
-        (17,), np.dtype(np.float32), None, 6, False, False)
+        (17,), np.dtype(np.float32), None, 6, False, False, (-1.0,) * 6, (1.0,) * 6)
+    # The bounds the env batch clips to and --action_bound_cost holds the Gaussian's mean inside.
+    assert envs.env_spec("Pendulum-v1")[-2:] == ((-2.0,), (2.0,))
 
 
 def test_vector_episode_stats_on_the_last_step_only():

@@ -157,6 +157,36 @@ def test_fresh_batch_start_clips_replayed_steps_against_mu():
     assert loss_lib.fresh_steps({"action": batch["action"]})["batch_start/fresh"].numpy().all()
 
 
+def test_action_bound_cost_pulls_only_a_mean_past_the_bounds():
+    """--action_bound_cost: a Gaussian's mean beyond the Box's bounds costs its squared overshoot,
+    which pulls it back; a mean inside them, an infinite bound, a discrete policy or a cost of 0
+    add nothing."""
+    T, B = 1, 2
+    low, high = (-2.0, -np.inf), (2.0, np.inf)
+    mean = np.array([[[3.0, 50.0], [-2.5, 0.5]]], np.float32)  # overshoots 1 and 0.5 in dimension 0
+    params = np.concatenate([mean, np.zeros_like(mean)], -1)  # log-std 0
+    batch = {"reward": tf.zeros([T, B]), "done": tf.constant([[True, True]]),
+             "action": tf.constant(mean), "behaviour_logits": tf.constant(params)}
+    logits = tf.Variable(tf.concat([params, tf.zeros([1, B, 4])], axis=0))
+    out = _out(logits, tf.zeros([T + 1, B]))
+    quiet = dict(entropy_cost=0.0, baseline_cost=0.0)
+    with tf.GradientTape() as tape:
+        loss, stats = loss_lib.compute_losses(out, batch, _flags(action_bound_cost=2.0, **quiet), 1.0, (low, high))
+    np.testing.assert_allclose(stats["action_bound_loss"].numpy(), 2.0 * (1.0 ** 2 + 0.5 ** 2), rtol=1e-6)
+    without, _ = loss_lib.compute_losses(out, batch, _flags(**quiet), 1.0, (low, high))
+    np.testing.assert_allclose(loss.numpy(), without.numpy() + 2.5, rtol=1e-5)
+    grad = tape.gradient(loss, logits).numpy()[0, :, :2]
+    # Zero advantages: the mean's gradient is the bound term's alone, 2 * cost * overshoot, outward-signed.
+    np.testing.assert_allclose(grad, [[4.0, 0.0], [-2.0, 0.0]], atol=1e-5)
+    _, stats = loss_lib.compute_losses(out, batch, _flags(action_bound_cost=2.0, **quiet))  # no bounds given
+    assert "action_bound_loss" not in stats
+    discrete, _ = loss_lib.compute_losses(_out(tf.zeros([T + 1, B, 3]), tf.zeros([T + 1, B])),
+                                          dict(batch, action=tf.zeros([T, B], tf.int32),
+                                               behaviour_logits=tf.zeros([T, B, 3])),
+                                          _flags(action_bound_cost=2.0, **quiet), 1.0, (low, high))
+    assert np.isfinite(discrete.numpy())
+
+
 def test_clip_ratio_to_batch_start_in_a_learner_step(tmp_path):
     """The learner computes pi_old once per batch; its first gradient step equals the
     behaviour-ratio step when the actors acted with the learner's own policy."""

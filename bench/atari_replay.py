@@ -80,11 +80,13 @@ def verdict(game, runs):
     """Sentences on elite replay against uniform replay and the queue, and on the fresh clip's uniform
     replay where it has runs, each only beyond the seeds' spread."""
     final = {v: [r["return_last100"] for r in runs if r["variant"] == v] for v in VARIANTS}
-    missing = [name for v, name in (("elite", "elite"), ("standard", "uniform")) if not final[v]]
-    if missing:
-        words = ["%s: %s replay has no run yet, so there is no comparison." % (game, " and ".join(missing))]
+    against = [v for v in ("standard", "queue") if final[v]]
+    if final["elite"] and against:
+        words = [compare(game, "elite replay", final, "elite", against)]
     else:
-        words = [compare(game, "elite replay", final, "elite", ("standard", "queue"))]
+        words = ["%s: elite replay has no run yet, or nothing to compare it with." % game]
+    if not final["standard"]:
+        words.append("Uniform replay has no run in this table.")
     if final["standard_fresh_clip"] and final["standard"]:
         words.append(compare(game, "uniform replay with the fresh clip", final, "standard_fresh_clip",
                              ("standard", "queue")))

@@ -86,6 +86,10 @@ def test_the_verdict_needs_two_seeds_and_names_the_spread(tmp_path):
         _run(out, variant, 2, finals[1])
     assert atari_replay.verdict("Breakout", atari_replay.collect(out)) == (
         "Breakout: elite replay is within the seeds' spread of standard and above queue on every seed.")
+    # A table of queue and elite runs alone still compares the two.
+    only = [r for r in atari_replay.collect(out) if r["variant"] != "standard"]
+    assert atari_replay.verdict("Breakout", only) == (
+        "Breakout: elite replay is above queue on every seed. Uniform replay has no run in this table.")
 
 
 def test_the_fresh_clip_variant_gets_its_own_sentence(tmp_path):

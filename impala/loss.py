@@ -97,6 +97,12 @@ def compute_action_bound_loss(mean, low, high):
     return tf.reduce_sum(tf.square(tf.nn.relu(mean - high) + tf.nn.relu(low - mean)))
 
 
+def fraction_outside(mean, low, high):
+    """The share of steps whose Gaussian mean lies outside the bounds in some dimension."""
+    low, high = tf.constant(low, tf.float32), tf.constant(high, tf.float32)
+    return tf.reduce_mean(tf.cast(tf.reduce_any((mean < low) | (mean > high), axis=-1), tf.float32))
+
+
 def standardise(advantages):
     """PPO's per-minibatch standardisation (--normalize_advantages): the policy-gradient scale no
     longer depends on the reward scale, so the entropy cost means the same in every game."""
@@ -164,8 +170,10 @@ def compute_losses(agent_out, batch, flags, value_scale=1.0, action_bounds=None)
     total = pg_loss + baseline_loss + entropy_loss
     stats = {"pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy": tf.reduce_mean(step_entropy),
              "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos))}
-    if flags.action_bound_cost > 0 and action_bounds is not None and policy_of(batch).continuous:
+    if action_bounds is not None and policy_of(batch).continuous:
         mean = policy_of(batch).mode(logits)
-        stats["action_bound_loss"] = flags.action_bound_cost * compute_action_bound_loss(mean, *action_bounds)
-        total += stats["action_bound_loss"]
+        stats["mean_outside_bounds"] = fraction_outside(mean, *action_bounds)  # TensorBoard: losses/
+        if flags.action_bound_cost > 0:
+            stats["action_bound_loss"] = flags.action_bound_cost * compute_action_bound_loss(mean, *action_bounds)
+            total += stats["action_bound_loss"]
     return total, dict(stats, total_loss=total)

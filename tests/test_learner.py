@@ -178,8 +178,9 @@ def test_action_bound_cost_pulls_only_a_mean_past_the_bounds():
     grad = tape.gradient(loss, logits).numpy()[0, :, :2]
     # Zero advantages: the mean's gradient is the bound term's alone, 2 * cost * overshoot, outward-signed.
     np.testing.assert_allclose(grad, [[4.0, 0.0], [-2.0, 0.0]], atol=1e-5)
+    assert stats["mean_outside_bounds"].numpy() == 1.0  # both steps' means are out in dimension 0
     _, stats = loss_lib.compute_losses(out, batch, _flags(action_bound_cost=2.0, **quiet))  # no bounds given
-    assert "action_bound_loss" not in stats
+    assert "action_bound_loss" not in stats and "mean_outside_bounds" not in stats
     discrete, _ = loss_lib.compute_losses(_out(tf.zeros([T + 1, B, 3]), tf.zeros([T + 1, B])),
                                           dict(batch, action=tf.zeros([T, B], tf.int32),
                                                behaviour_logits=tf.zeros([T, B, 3])),

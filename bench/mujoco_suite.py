@@ -40,6 +40,7 @@ import numpy as np
 
 from bench import common
 from bench import ppo_halfcheetah
+from bench import peers
 from local_cluster import LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,11 +206,10 @@ def plot(runs, out, level, target):
 
 
 def suite(a, out):
-    from bench import run as harness  # the harness imports this module
     contenders = a.contenders or list(CONTENDERS)
-    sb3_py = harness.SB3_PY
+    sb3_py = peers.SB3_PY
     if "sb3" in contenders and a.seeds:
-        error = harness.ensure_peer("sb3")
+        error = peers.ensure_peer("sb3")
         if error:
             raise SystemExit("mujoco: the SB3 peer could not be installed (%s); leave it out with "
                              "--contenders impala walle" % error)

@@ -38,13 +38,11 @@ from bench import cartpole_impala
 from bench import ceiling
 from bench import common
 from bench import cpu_split
+from bench.peers import RLLIB_PY, SB3_PY, SF_PY, ensure_peer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-SB3_PY = os.path.join(ROOT, ".peer-venv-sb3", "bin", "python")
-SF_PY = os.path.join(ROOT, ".peer-venv-sf", "bin", "python")
-RLLIB_PY = os.path.join(ROOT, ".peer-venv-rllib", "bin", "python")
 
 
 # ------------------------------------------------------------------ machine
@@ -144,13 +142,6 @@ def impala_fps(level, agent, actors, envs_per_actor, seconds, base_port, extra=(
         raise RuntimeError("IMPALA produced no progress lines after 20 s; the learner's log ends:\n"
                            + (log[-1500:] or "(no learner log)"))
     return statistics.median(fps), dict((summary or {}).get("time_breakdown", {}), cpu=shares)
-
-
-def ensure_peer(which):
-    proc = subprocess.run([os.path.join(HERE, "peers", "install.sh"), which], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return "install failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
-    return None
 
 
 def run_peer(py, script, args, timeout):

@@ -44,7 +44,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-
 # ------------------------------------------------------------------ machine
 def gpu_model():
     try:

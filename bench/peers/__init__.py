@@ -12,7 +12,8 @@ RLLIB_PY = os.path.join(ROOT, ".peer-venv-rllib", "bin", "python")
 
 
 def ensure_peer(which):
-    """Installs peer `which` (sb3, sf or rllib) if its environment is missing; None, or why it failed."""
+    """Makes peer `which`'s (sb3, sf or rllib) environment unless it exists with today's requirements
+    (install.sh keeps a hash of them); None, or why it failed."""
     proc = subprocess.run([os.path.join(HERE, "install.sh"), which], capture_output=True, text=True)
     if proc.returncode != 0:
         return "install failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:300]

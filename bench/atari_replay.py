@@ -22,12 +22,15 @@ batch, and it is full after 1,000 new unrolls (about 128K env frames, 1.3 % of a
 session; the suite leaves it off. Writes <out>/atari_replay.md,
 atari_replay.csv and one figure per game with every variant's curve (atari_replay_<Game>.png), and
 keeps each run's metrics.csv beside them, so that runs made in other checkouts stay in the table
-(atari_replay_<Game>_<variant>_seed<N>_metrics.csv; bench/atari.py's doc says why).
+(atari_replay_<Game>_<variant>_seed<N>_metrics.csv; bench/atari.py's doc says why). Where <out> is
+a machine's folder in bench/results, it also writes bench/results/atari_replay_seeds.md with a figure
+per game: every machine's runs, and the verdict over all their seeds (write_seeds).
 """
 import csv
 import json
 import os
 import re
+import time
 
 import numpy as np
 
@@ -51,6 +54,7 @@ VARIANTS = {  # name: (what it is, --replay_parameters, the variant's own flags 
 }
 CSV_FIELDS = ["game", "variant", "seed", "frames", "return_last100", "best_last100", "train_seconds", "fps",
               "learner_samples_per_s", "resumed_at", "extra_flags", "budget", "machines", "precision"]
+RESULTS_ROOT = os.path.join(atari.ROOT, "bench", "results")  # where each machine has its folder
 KEPT_METRICS = "atari_replay_%s_%s_seed%d_metrics.csv"  # game, variant, seed (bench/atari.py's module doc)
 
 
@@ -94,22 +98,25 @@ def verdict(game, runs):
 
 
 def compare(game, name, final, variant, others):
-    """One sentence on `variant`'s final scores against each of `others`' with runs, beyond the spread."""
-    if min(len(final[variant]), len(final[others[0]])) < 2:
-        return ("%s: one seed of %s or of %s, so the run-to-run spread is not measured and no difference can be "
-                "called beyond it." % (game, name, others[0]))
-    words = []
+    """One sentence on `variant`'s final scores against each of `others`' with runs, beyond the spread:
+    a comparison needs two seeds on each side, so one with a single seed is named as not called."""
+    if len(final[variant]) < 2:
+        return ("%s: one seed of %s, so the run-to-run spread is not measured and no difference can be "
+                "called beyond it." % (game, name))
+    words, uncalled = [], []
     lo, hi = min(final[variant]), max(final[variant])
     for other in others:
         if not final[other]:
             continue
-        if lo > max(final[other]):
+        if len(final[other]) < 2:
+            uncalled.append("not compared with %s (one seed)" % other)
+        elif lo > max(final[other]):
             words.append("above %s on every seed" % other)
         elif hi < min(final[other]):
             words.append("below %s on every seed" % other)
         else:
             words.append("within the seeds' spread of %s" % other)
-    return "%s: %s is %s." % (game, name, " and ".join(words))
+    return "%s: %s is %s." % (game, name, " and ".join(words + uncalled))
 
 
 def table(runs):
@@ -124,7 +131,8 @@ def table(runs):
     return lines + atari.mixed_machines(runs, name) + atari.chosen_precisions(runs, name)
 
 
-def plot(game, runs, frames, out):
+def plot(game, runs, frames, path):
+    """One figure of `game`'s runs at `path`: a colour per variant, a line style per seed."""
     fig, ax = common.subplots(1, 1, figsize=(6, 4))
     for r in (r for r in runs if r["curve"] is not None):
         f, _, score = r["curve"]
@@ -136,7 +144,65 @@ def plot(game, runs, frames, out):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title("%s: replay variants, %s" % (game, atari.RECIPE))
-    common.save_figure(fig, os.path.join(out, "atari_replay_%s.png" % game))
+    common.save_figure(fig, path)
+
+
+def across_machines(results_root, frames):
+    """Every machine folder's runs under results_root (collect), each with the folder's name: one
+    variant's 10M-frame run takes a 2-core machine 30-190 minutes, so a game's seeds come from
+    sessions on different machines. Returns (all of them, those the verdict pools: at `frames`,
+    with no flag beyond the recipe's but the precision, which changes speed and not the recipe)."""
+    runs = []
+    for name in sorted(os.listdir(results_root)):
+        if os.path.isdir(os.path.join(results_root, name)):
+            runs += [dict(r, folder=name) for r in collect(os.path.join(results_root, name))]
+    runs.sort(key=lambda r: (r["game"], list(VARIANTS).index(r["variant"]), r["seed"], r["folder"]))
+    pooled = [r for r in runs if r["frames"] >= frames
+              and not [f for f in r["extra"] if not f.startswith(("--replay_parameters=", "--compute_dtype="))]]
+    return runs, pooled
+
+
+def precision_of(run):
+    """The learner's precision: what --compute_dtype=auto chose, else what the run's flags named."""
+    named = [f.split("=", 1)[1] for f in run["extra"] if f.startswith("--compute_dtype=")]
+    return run["precision"] or (named[-1] if named else "not recorded")
+
+
+def spreads(game, pooled):
+    """A line naming each variant's final scores over the pooled seeds and their spread."""
+    words = []
+    for variant in VARIANTS:
+        scores = sorted(r["return_last100"] for r in pooled if r["game"] == game and r["variant"] == variant)
+        if scores:
+            words.append("%s %s%s" % (variant, ", ".join("%.1f" % x for x in scores),
+                                      " (spread %.1f)" % (scores[-1] - scores[0]) if len(scores) > 1 else ""))
+    return "%s, the seeds at the budget: %s." % (game, "; ".join(words))
+
+
+def write_seeds(results_root, frames):
+    """<results_root>/atari_replay_seeds.md and a figure per game (atari_replay_seeds_<Game>.png):
+    the study's runs over every machine, and the verdict over all their seeds."""
+    runs, pooled = across_machines(results_root, frames)
+    lines = ["# Replay on Atari at %s frames, the seeds of every machine" % "{:,}".format(frames), "",
+             "Score: mean of the last 100 whole-game training returns. Each machine's table, with its command, "
+             "frames/s and learner samples/s, is its atari_replay.md; the verdict pools the runs at the budget whose "
+             "only flag beyond %s is the precision." % atari.RECIPE, "",
+             "| game | variant | seed | results folder | frames | score at the end | training time | precision | "
+             "beyond the recipe |", "|---" * 9 + "|"]
+    for r in runs:
+        lines.append("| %s | %s | %d | [%s](%s/atari_replay.md) | %.1fM%s | %.1f | %.0f min | %s | %s |" % (
+            r["game"], r["variant"], r["seed"], r["folder"], r["folder"], r["frames"] / 1e6,
+            "" if r["frames"] >= frames else " (not at the budget)", r["return_last100"], r["train_seconds"] / 60,
+            precision_of(r), r["extra_flags"] or "-"))
+    games = sorted({r["game"] for r in runs})
+    for game in games:
+        mine = [r for r in pooled if r["game"] == game]
+        lines += ["", spreads(game, mine), verdict(game, mine)]
+        plot(game, [r for r in runs if r["game"] == game], frames,
+             os.path.join(results_root, "atari_replay_seeds_%s.png" % game))
+    lines += ["", "Figures: %s" % ", ".join("[%s](atari_replay_seeds_%s.png)" % (g, g) for g in games),
+              "", "Date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
+    common.write_lines(os.path.join(results_root, "atari_replay_seeds.md"), lines)
 
 
 def collect(out):
@@ -195,7 +261,9 @@ def report(a, out):
         w.writerows({k: r[k] for k in CSV_FIELDS} for r in runs)
     games = sorted({r["game"] for r in runs})
     for game in games:
-        plot(game, [r for r in runs if r["game"] == game], a.frames, out)
+        plot(game, [r for r in runs if r["game"] == game], a.frames, os.path.join(out, "atari_replay_%s.png" % game))
+    if os.path.abspath(os.path.dirname(out)) == RESULTS_ROOT:  # out is a machine's folder: pool every machine's
+        write_seeds(RESULTS_ROOT, a.frames)
     return ["# Replay on Atari at %s frames, %s: queue only against replay variants" % (
                 "{:,}".format(a.frames), atari.RECIPE), "",
             "Score: mean of the last 100 whole-game training returns. Variants: %s. Replay capacity %d unrolls, "

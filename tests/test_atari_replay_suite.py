@@ -178,3 +178,39 @@ def test_the_suite_does_not_run_again_what_another_checkout_finished(tmp_path):
     lines = atari_replay.suite(a, out)
     assert not os.path.exists(os.path.join(out, "replay_runs"))  # a run started would have its folder there
     assert sum(line.startswith("| Breakout |") for line in lines) == len(atari_replay.VARIANTS)
+
+
+def test_a_variant_with_one_seed_is_named_and_the_others_still_compared(tmp_path):
+    out = str(tmp_path)
+    for seed, finals in ((1, (10.0, 2.0, 30.0)), (2, (12.0, None, 35.0))):
+        for variant, final in zip(("queue", "standard", "elite"), finals):
+            if final is not None:
+                _run(out, variant, seed, final)
+    assert atari_replay.verdict("Breakout", atari_replay.collect(out)) == (
+        "Breakout: elite replay is above queue on every seed and not compared with standard (one seed).")
+
+
+def test_the_seeds_of_every_machine_are_pooled_for_the_verdict(tmp_path):
+    """Each machine folder's runs (folders or kept rows) come into one table naming the folder; the
+    verdict pools the runs at the budget whose only extra flag is the precision, leaving out a run
+    short of the budget and one with another recipe flag; a figure per game beside the file."""
+    root = tmp_path / "results"
+    a, b = str(root / "2core-a"), str(root / "2core-b")
+    _run(a, "queue", 1, 10.0)
+    _run(a, "elite", 1, 30.0)
+    _run(b, "queue", 2, 12.0)
+    json.dump(["--compute_dtype=float32"], open(os.path.join(_run(b, "elite", 2, 35.0), "extra_flags.json"), "w"))
+    json.dump(["--num_sgd_iter=2"], open(os.path.join(_run(b, "elite", 3, 5.0), "extra_flags.json"), "w"))
+    short = _run(b, "queue", 3, 50.0)
+    _metrics(short, [dict(time_s=10, frames=100_000, updates=10, mean_return_20=1.0, mean_return_100=50.0)])
+    os.makedirs(root / "no-replay-here")
+    atari_replay.write_seeds(str(root), 200_000)
+    text = open(root / "atari_replay_seeds.md").read()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| Breakout |")]
+    assert [ln.split("|")[2:4] for ln in rows] == [[" queue ", " 1 "], [" queue ", " 2 "], [" queue ", " 3 "],
+                                                   [" elite ", " 1 "], [" elite ", " 2 "], [" elite ", " 3 "]]
+    assert "[2core-b](2core-b/atari_replay.md)" in rows[1] and "(not at the budget)" in rows[2]
+    assert "| float32 | --compute_dtype=float32 |" in rows[4] and rows[5].endswith("| --num_sgd_iter=2 |")
+    assert "Breakout, the seeds at the budget: queue 10.0, 12.0 (spread 2.0); elite 30.0, 35.0 (spread 5.0)." in text
+    assert "Breakout: elite replay is above queue on every seed." in text
+    assert os.path.exists(root / "atari_replay_seeds_Breakout.png")

@@ -225,6 +225,7 @@ def test_an_entry_point_id_trains(user_module, tmp_path):
     assert "%s:Corridor" % MODULE in _log(logdir, "actor_0")
 
 
+@pytest.mark.slow  # the default suite trains registered and entry-point envs
 def test_the_sandbox_example_learns_and_plays_in_test_mode(tmp_path):
     """The README's command for your own environment: ReachTarget-v0 of sandbox/custom_env.py (random
     play scores about -1.0) passes a mean return of 0.5 within 100K frames (about 30K in the runs so

@@ -236,6 +236,7 @@ def test_actor_death_is_survived(tmp_path):
     assert summary["frames"] >= 30000
 
 
+@pytest.mark.slow  # the default suite steps the LSTM agent (test_nets.py)
 def test_recurrent_agent_trains_end_to_end(tmp_path):
     """An LSTM agent's state goes around the actors' traced step (a concrete function called
     with the state it returned) and reaches the learner with the unrolls."""

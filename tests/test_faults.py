@@ -23,10 +23,12 @@ def test_killed_actor_is_reported_and_training_goes_on(tmp_path):
     assert r["detected_s"] < 5 + 3  # --actor_timeout_s=5, checked once a second
 
 
+@pytest.mark.slow  # the default suite resumes a stopped run in test_experiment.py
 def test_killed_learner_resumes_and_actors_reconnect(tmp_path):
     _check(faults.scenario_kill_learner(_free_base_port(), str(tmp_path)))
 
 
+@pytest.mark.slow  # a whole run against a full disk
 def test_full_checkpoint_disk_is_reported_and_old_checkpoint_intact(tmp_path):
     r = faults.scenario_checkpoint_disk_full(_free_base_port(), str(tmp_path))
     if r["what_happened"].startswith("SKIPPED"):
@@ -39,6 +41,7 @@ def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path):
     _check(faults.scenario_truncated_checkpoint(_free_base_port(), str(tmp_path)))
 
 
+@pytest.mark.slow  # the default suite has the buffer's round trip in test_learner.py
 def test_a_resume_that_falls_back_gets_that_checkpoints_replay_buffer(tmp_path):
     _check(faults.scenario_resume_fallback_replay(_free_base_port(), str(tmp_path)))
 

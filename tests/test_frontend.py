@@ -528,6 +528,7 @@ def test_ssh_login_failure_is_one_clear_error(run, sshd):
 # the real experiment.py: 2 Horovod learners + 4 actors from a CSV
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # the default suite has test_ssh_* (SSH actors, an mpirun learner)
 def test_end_to_end_two_learners_four_actors(run, user_module):
     """About 25 s on 2 cores. The env is a user's, registered by a
     module outside the repository (--env_module, found through the PYTHONPATH the frontend hands

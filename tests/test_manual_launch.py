@@ -72,6 +72,7 @@ def test_one_learner_two_actors_without_mpirun(tmp_path):
         assert "learner localhost:%d" % learner in open(logs[1 + i]).read()
 
 
+@pytest.mark.slow  # the default suite launches one learner by hand
 def test_two_learners_as_one_mpmd_mpirun(tmp_path):
     """Example 2 of the original: one mpirun, `-np 1 ... --learner_host=A --actor_hosts=<A's actors> : -np 1
     ... --learner_host=B --actor_hosts=<B's actor>`, with its MCA options; rank 0 carries two actors and

@@ -156,6 +156,7 @@ def test_rig_hosts_are_apart_and_bridged_with_and_without_docker_forward_drop(cl
 # the frontend on three hosts (fake workers: seconds)
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # the default suite builds the namespace hosts (test_rig_*)
 def test_three_hosts_start_status_kill_restart_remote_rank_kill_stop(cluster3):
     c = cluster3
     h1, h2, h3 = c.rig.hosts
@@ -197,6 +198,7 @@ def test_three_hosts_start_status_kill_restart_remote_rank_kill_stop(cluster3):
 # a firewall between two hosts (the real experiment.py)
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # the default suite builds the namespace hosts (test_rig_*)
 def test_firewall_between_two_hosts_is_reported_by_frontend_and_actor(cluster3):
     c = cluster3
     h1, h2, h3 = c.rig.hosts

@@ -69,6 +69,7 @@ def _run(args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # the default suite restores an agent exactly
 def test_ctrl_c_checkpoints_and_train_w_load_continues_the_run(tmp_path):
     logdir = str(tmp_path / "run")
     proc = start_main(["-n", "2", "--norm_reward"], logdir)
@@ -107,6 +108,7 @@ def test_ctrl_c_checkpoints_and_train_w_load_continues_the_run(tmp_path):
     assert "WARNING" not in tested.stderr
 
 
+@pytest.mark.slow  # the default suite restores an agent exactly
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_redoes_the_rows_after_it(tmp_path):
     logdir = str(tmp_path / "run")
     first = _run([ENV, "-it", "4", "-b", "200", "-n", "1", "--logdir", logdir, "--checkpoint_every_s=0.001"])

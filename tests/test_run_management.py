@@ -39,6 +39,7 @@ def test_bad_replay_parameters_give_one_clear_error(value, needle, tmp_path):
     assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.slow  # the default suite trains with replay in test_learner.py
 def test_elite_replay_run_with_evaluator(tmp_path):
     """Half of each batch comes from elite replay: the learner takes only 4 of its 8
     unrolls from the actors, counts only those frames, and reports the replay; the
@@ -96,6 +97,7 @@ def _wait_for_log(logdir, text, timeout):
     raise AssertionError("no %r in the learner log after %d s" % (text, timeout))
 
 
+@pytest.mark.slow  # the default suite has the buffer's round trip in test_learner.py
 def test_checkpoint_replay_resumes_after_ctrl_c_with_the_same_buffer(tmp_path):
     """A replay run with --checkpoint_replay stopped with SIGINT writes the buffer's unrolls
     with its final checkpoint; the resume (train_w_load, the flag restored from the run's
@@ -156,6 +158,7 @@ def test_multi_train_bad_experiments_start_nothing(content, needle, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # the default suite checks the experiments file
 def test_multi_train_runs_in_sequence_with_precedence(tmp_path):
     """Two runs; the command line beats the run's overrides, which beat "common"."""
     exps = {"common": {"level_name": "CartPole-v1", "agent_name": "MLPAgent", "batch_size": 8,

@@ -9,6 +9,7 @@ import socket
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from cluster import watch
@@ -25,6 +26,7 @@ def _tags(event_dir):
     return tags
 
 
+@pytest.mark.slow  # a whole run; the default suite has telemetry's parts
 def test_a_run_reports_every_worker_and_host(tmp_path, capsys):
     logdir = str(tmp_path / "run")
     c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=30000"], logdir).start()

@@ -214,3 +214,15 @@ def test_the_seeds_of_every_machine_are_pooled_for_the_verdict(tmp_path):
     assert "Breakout, the seeds at the budget: queue 10.0, 12.0 (spread 2.0); elite 30.0, 35.0 (spread 5.0)." in text
     assert "Breakout: elite replay is above queue on every seed." in text
     assert os.path.exists(root / "atari_replay_seeds_Breakout.png")
+
+
+def test_elite_replay_with_the_fresh_clip_is_compared_with_both_replays_and_the_queue(tmp_path):
+    out = str(tmp_path)
+    for seed, finals in ((1, (10.0, 30.0, 20.0, 40.0)), (2, (12.0, 5.0, 25.0, 45.0))):
+        for variant, final in zip(("queue", "elite", "standard_fresh_clip", "elite_fresh_clip"), finals):
+            _run(out, variant, seed, final)
+    runs = atari_replay.collect(out)
+    assert {r["variant"] for r in runs} == {"queue", "elite", "standard_fresh_clip", "elite_fresh_clip"}
+    assert atari_replay.verdict("Breakout", runs).endswith(
+        "Breakout: elite replay with the fresh clip is above standard_fresh_clip on every seed and above elite on "
+        "every seed and above queue on every seed.")

@@ -85,10 +85,15 @@ def summarise(logdir, game, variant, seed):
     return r
 
 
+def final_scores(runs):
+    """Each variant's final scores (the mean of the last 100 games at each run's end) over `runs`."""
+    return {v: [r["return_last100"] for r in runs if r["variant"] == v] for v in VARIANTS}
+
+
 def verdict(game, runs):
     """Sentences on elite replay against uniform replay and the queue, and on the fresh clip's uniform
     replay where it has runs, each only beyond the seeds' spread."""
-    final = {v: [r["return_last100"] for r in runs if r["variant"] == v] for v in VARIANTS}
+    final = final_scores(runs)
     against = [v for v in ("standard", "queue") if final[v]]
     if final["elite"] and against:
         words = [compare(game, "elite replay", final, "elite", against)]
@@ -177,10 +182,10 @@ def precision_of(run):
 
 
 def spreads(game, pooled):
-    """A line naming each variant's final scores over the pooled seeds and their spread."""
+    """A line naming each variant's final scores over `game`'s pooled seeds and their spread."""
     words = []
-    for variant in VARIANTS:
-        scores = sorted(r["return_last100"] for r in pooled if r["game"] == game and r["variant"] == variant)
+    for variant, scores in final_scores(pooled).items():
+        scores = sorted(scores)
         if scores:
             words.append("%s %s%s" % (variant, ", ".join("%.1f" % x for x in scores),
                                       " (spread %.1f)" % (scores[-1] - scores[0]) if len(scores) > 1 else ""))

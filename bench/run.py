@@ -94,9 +94,30 @@ def write_machine(out):
         with open(path) as f:
             earlier = json.load(f)
         info.update({k: v for k, v in earlier.items() if k.endswith("_peer") and k not in info})
+        info = keep_folders_machine(path, earlier, info)
     with open(path, "w") as f:
         json.dump(info, f, indent=2)
     return info
+
+
+MACHINE_KEYS = ("cores", "cpu", "gpu")
+
+
+def keep_folders_machine(path, earlier, info):
+    """A folder's results were made on the machine its machine.json names (its name says which);
+    a run resumed here from another machine is added under "other_machines" instead of taking the
+    folder's record over, so its tables still name the machine most of their rows ran on."""
+    if "cpu" not in earlier or all(earlier.get(k) == info.get(k) for k in MACHINE_KEYS):
+        if earlier.get("other_machines"):
+            info["other_machines"] = earlier["other_machines"]
+        return info
+    print("[bench] %s describes %s; this machine is %s: recorded under other_machines" % (
+        path, earlier["cpu"], info["cpu"]), file=sys.stderr)
+    other = {k: info.get(k) for k in MACHINE_KEYS + ("date",)}
+    kept = dict(earlier)
+    kept["other_machines"] = [m for m in earlier.get("other_machines", [])
+                              if any(m.get(k) != other[k] for k in MACHINE_KEYS)] + [other]
+    return kept
 
 
 def write_table(out, name, lines, machine):
@@ -115,7 +136,8 @@ def machine_line(info):
         info["cores"], info["cpu"], info["gpu"] or "none",
         info["ours"].get("tensorflow-cpu") or info["ours"].get("tensorflow"), info["ours"].get("horovod"),
         ", SB3 %s + torch %s" % (info["sb3_peer"].get("stable-baselines3"), info["sb3_peer"].get("torch"))
-        if info.get("sb3_peer") else "")
+        if info.get("sb3_peer") else "") + "".join(
+        " Part of it ran on %d cores, %s (%s)." % (m["cores"], m["cpu"], m["date"]) for m in info.get("other_machines", []))
 
 
 # ------------------------------------------------------------------ contenders

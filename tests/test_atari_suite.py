@@ -284,6 +284,29 @@ def test_machine_json_keeps_the_peers_it_does_not_measure_again(tmp_path, monkey
     assert saved["ours"] == {"python": "x"}
 
 
+def test_machine_json_keeps_the_folders_machine_when_another_resumes_a_run_there(tmp_path, monkeypatch):
+    """A run resumed into another machine's folder is recorded beside that folder's machine, once per
+    machine, and the tables' machine line names both, instead of the folder's record being replaced."""
+    from bench import run as bench_run
+    folder = {"cores": 2, "cpu": "AMD EPYC without AVX-512", "gpu": None, "date": "then", "ours": {"python": "old"}}
+    json.dump(folder, open(tmp_path / "machine.json", "w"))
+    for key in ("SB3_PY", "SF_PY", "RLLIB_PY"):
+        monkeypatch.setattr(bench_run, key, str(tmp_path / "absent"))
+    monkeypatch.setattr(bench_run, "versions", lambda py: {"python": "x", "tensorflow-cpu": "2.18.1"})
+    monkeypatch.setattr(bench_run.common, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(bench_run, "gpu_model", lambda: None)
+    bench_run.write_machine(str(tmp_path))
+    info = bench_run.write_machine(str(tmp_path))
+    saved = json.load(open(tmp_path / "machine.json"))
+    assert saved == info and saved["cpu"] == "AMD EPYC without AVX-512" and saved["ours"] == {"python": "old"}
+    assert [m["cpu"] for m in saved["other_machines"]] == ["AMD EPYC"]
+    assert "Part of it ran on 2 cores, AMD EPYC (" in bench_run.machine_line(info)
+    monkeypatch.setattr(bench_run.common, "cpu_model", lambda: "AMD EPYC without AVX-512")
+    same = bench_run.write_machine(str(tmp_path))
+    assert same["ours"] == {"python": "x", "tensorflow-cpu": "2.18.1"} and same["date"] != "then"
+    assert [m["cpu"] for m in same["other_machines"]] == ["AMD EPYC"]
+
+
 def test_a_run_whose_folder_is_not_here_keeps_its_row_and_curve(tmp_path):
     """Run folders are not committed: a fresh checkout has atari.csv and the kept metrics copies only.
     The table then keeps those runs (figures and curve as written) beside the run folders it has, and

@@ -107,16 +107,18 @@ def keep_folders_machine(path, earlier, info):
     """A folder's results were made on the machine its machine.json names (its name says which);
     a run resumed here from another machine is added under "other_machines" instead of taking the
     folder's record over, so its tables still name the machine most of their rows ran on."""
-    if "cpu" not in earlier or all(earlier.get(k) == info.get(k) for k in MACHINE_KEYS):
+    def same(a, b):
+        return all(a.get(k) == b.get(k) for k in MACHINE_KEYS)
+    if "cpu" not in earlier or same(earlier, info):
         if earlier.get("other_machines"):
             info["other_machines"] = earlier["other_machines"]
         return info
     print("[bench] %s describes %s; this machine is %s: recorded under other_machines" % (
         path, earlier["cpu"], info["cpu"]), file=sys.stderr)
     other = {k: info.get(k) for k in MACHINE_KEYS + ("date",)}
-    kept = dict(earlier)
-    kept["other_machines"] = [m for m in earlier.get("other_machines", [])
-                              if any(m.get(k) != other[k] for k in MACHINE_KEYS)] + [other]
+    # the date stays the write's own: the tables' "Date:" line says when they were made
+    kept = dict(earlier, date=info["date"])
+    kept["other_machines"] = [m for m in earlier.get("other_machines", []) if not same(m, other)] + [other]
     return kept
 
 

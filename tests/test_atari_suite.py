@@ -299,6 +299,7 @@ def test_machine_json_keeps_the_folders_machine_when_another_resumes_a_run_there
     info = bench_run.write_machine(str(tmp_path))
     saved = json.load(open(tmp_path / "machine.json"))
     assert saved == info and saved["cpu"] == "AMD EPYC without AVX-512" and saved["ours"] == {"python": "old"}
+    assert saved["date"] != "then"
     assert [m["cpu"] for m in saved["other_machines"]] == ["AMD EPYC"]
     assert "Part of it ran on 2 cores, AMD EPYC (" in bench_run.machine_line(info)
     monkeypatch.setattr(bench_run.common, "cpu_model", lambda: "AMD EPYC without AVX-512")

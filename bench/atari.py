@@ -301,6 +301,14 @@ def _cell(x, fmt="%.0f"):
     return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else fmt % x
 
 
+def budget_score(at_40m, last, reached):
+    """The score a run is judged by: at the budget, the milestone row (the last at or before 40M
+    frames: the run's final row has trained on a few frames past it, which the published scores did
+    not), as the table's "at 40M" column shows it; a run not there yet, its last row."""
+    at_40m = float(at_40m) if at_40m not in (None, "") else float("nan")
+    return at_40m if reached and np.isfinite(at_40m) else float(last)
+
+
 def table(runs, frames):
     """The Markdown lines: one row per run, then the median human-normalised scores over the runs
     of games with published PPO scores (the others' rows show "-" where a figure is not known)."""
@@ -310,7 +318,8 @@ def table(runs, frames):
     for r in runs:
         base, clean = atari_scores.published(r["game"])
         final = r["at_40M"] if r["frames"] >= frames else float("nan")
-        hns, base_hns = (atari_scores.human_normalised(r["game"], x) for x in (r["return_last100"], base))
+        score = budget_score(r["at_40M"], r["return_last100"], r["frames"] >= frames)
+        hns, base_hns = (atari_scores.human_normalised(r["game"], x) for x in (score, base))
         if base_hns is None:
             unpublished.add(r["game"])
         else:
@@ -322,7 +331,7 @@ def table(runs, frames):
             r["fps"], _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-",
             r["extra_flags"] or "-"))
     if ours:
-        lines += ["", "Median human-normalised score over these runs (each at its last row): ours %.2f, baselines "
+        lines += ["", "Median human-normalised score over these runs (each at 40M frames, or at its last row short of them): ours %.2f, baselines "
                   "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
     lines += mixed_machines(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     lines += chosen_precisions(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
@@ -351,7 +360,8 @@ def across_machines(results_root, frames):
             if row["game"] not in FIVE:
                 continue
             game, done = row["game"], int(row["frames"]) >= frames
-            score, base = float(row["return_last100"]), atari_scores.published(game)[0]
+            score = budget_score(row.get("at_40M"), row["return_last100"], done and frames == MILESTONES[-1])
+            base = atari_scores.published(game)[0]
             if done:
                 finished.setdefault(game, []).append(atari_scores.human_normalised(game, score))
             last[game] = max(last.get(game, 0), int(row["frames"]))
@@ -374,7 +384,8 @@ def across_machines(results_root, frames):
 def write_five(results_root, frames):
     """<results_root>/atari_five.md: across_machines with its title and date."""
     lines = ["# The five Atari games at %s frames, over the machines that ran them" % "{:,}".format(frames), "",
-             "Score: mean of the last 100 whole-game training returns; each machine's own table, with curves and "
+             "Score: mean of the last 100 whole-game training returns at the run's last row at or before 40M frames (as the "
+             "published scores, no frame past the budget); each machine's own table, with curves and "
              "the commands, is its atari.md.", ""]
     lines += across_machines(results_root, frames) + ["", "Date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
     common.write_lines(os.path.join(results_root, "atari_five.md"), lines)

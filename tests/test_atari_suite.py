@@ -376,6 +376,25 @@ def test_the_five_games_are_summed_up_over_the_machines_that_ran_them(tmp_path):
                         "SpaceInvaders (not run)."
 
 
+def test_a_finished_run_is_judged_at_40m_frames_not_past_them(tmp_path):
+    """The run's last row has trained on a batch past the budget: the five's score and the table's
+    human-normalised score are both the row at or before 40M frames, the one the "at 40M" column shows."""
+    os.makedirs(tmp_path / "2core-a")
+    json.dump({"cpu": "CPU A"}, open(tmp_path / "2core-a" / "machine.json", "w"))
+    with open(tmp_path / "2core-a" / "atari.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, atari.CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerow(dict(game="Breakout", seed=1, frames=40_001_536, return_last100=420.0, at_40M=400.0,
+                        train_seconds=6000, fps=5000, extra_flags=""))
+    lines = atari.across_machines(str(tmp_path), 40_000_000)
+    assert any(ln.startswith("| Breakout | CPU A | 1 | 40.0M | 400 |") for ln in lines), lines
+    run = dict(game="Breakout", seed=1, frames=40_001_536, return_last100=420.0, at_10M=100.0, at_20M=200.0,
+               at_40M=400.0, train_seconds=6000.0, fps=5000.0, fps_ratio="", resumed_at="", extra_flags="",
+               machines="", precision="")
+    row = atari.table([run], 40_000_000)[2]
+    assert "| 400 |" in row and "| %.2f / " % ((400.0 - 1.7) / 28.8) in row, row
+
+
 def test_a_run_finished_in_another_checkout_is_not_run_again(tmp_path):
     out = str(tmp_path)
     with open(os.path.join(out, "atari.csv"), "w", newline="") as f:

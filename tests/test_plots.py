@@ -1,4 +1,4 @@
-"""tools/plotcurve.py and plotcurve_cmp.py on every kind of run folder: IMPALA's metrics.csv and
+"""tools/plotcurve.py, plotcurve_cmp.py and runstats.py on every kind of run folder: IMPALA's metrics.csv and
 eval.csv and WALL-E's progress.csv, by frames or by wall-clock, as a user runs them."""
 import os
 import subprocess
@@ -170,3 +170,47 @@ def test_a_resumed_run_with_newer_columns_widens_its_file_once(tmp_path):
     log.close()
     lines = path.read_text().splitlines()
     assert lines[0] == "frames,ret,lag,rate,extra" and lines[-1] == "5,50,,,"
+
+
+def test_a_kept_copy_of_metrics_csv_is_read_as_metrics_by_its_columns(tmp_path):
+    """The Atari suite keeps each run's metrics.csv beside its table under another name."""
+    run = impala_run(tmp_path / "impala")
+    copy = tmp_path / "atari_Pong_seed1_metrics.csv"
+    copy.write_text((run / "metrics.csv").read_text())
+    x, y = plotcurve.load_curve(str(copy), "frames", "return")
+    np.testing.assert_array_equal(x, [80000, 120000, 160000, 200000])
+    r = plot("plotcurve.py", "-x", "frames", "-i", str(copy), "-o", str(tmp_path / "copy.png"))
+    assert r.returncode == 0, r.stderr
+
+
+def stats(*args):
+    return subprocess.run([sys.executable, "-m", "tools.runstats"] + list(args), cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_runstats_reads_scores_at_frame_counts_and_medians_over_windows(tmp_path):
+    a = impala_run(tmp_path / "a")
+    _write(tmp_path / "b" / "metrics.csv", ("time_s", "frames", "updates", "mean_return_20", "mean_return_100"),
+           [dict(time_s=i, frames=100_000 * i, updates=i, mean_return_20=1.0, mean_return_100=10.0 * i)
+            for i in range(1, 4)])
+    r = stats("-i", str(a), str(tmp_path / "b"), "--at", "150K", "300K", "--window", "100K:200K",
+              "--window", "150K:", "--columns", "entropy", "grad_norm")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in r.stdout.splitlines()[2:]}
+    ra, rb = (rows[os.path.relpath(str(tmp_path / n), ROOT)] for n in ("a", "b"))
+    # a: mean_return_20 (it has no mean_return_100) of the last row at or before 150K (120K: 2), and
+    # "-" at 300K, which it never reached (200K)
+    assert ra[2:5] == ["mean_return_20", "2", "-"]
+    assert rb[2:5] == ["mean_return_100", "10", "30"]
+    assert ra[5:] == ["1", "1", "1", "1 |"]
+    assert rb[5:] == ["-", "-", "-", "- |"]  # b logged neither column
+
+
+def test_runstats_refuses_a_column_no_run_logged_and_a_bad_frame_count(tmp_path):
+    a = impala_run(tmp_path / "a")
+    r = stats("-i", str(a), "--columns", "entropy", "kl_divergence")
+    assert r.returncode == 2 and "kl_divergence" in r.stderr and "grad_norm" in r.stderr, r.stderr
+    r = stats("-i", str(a), "--at", "ten million")
+    assert r.returncode == 2 and "--at 'ten million'" in r.stderr, r.stderr
+    r = stats("-i", str(a), "--window", "5M:1M")
+    assert r.returncode == 2 and "--window '5M:1M'" in r.stderr, r.stderr

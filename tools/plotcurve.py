@@ -56,10 +56,18 @@ class PlotError(ValueError):
     """Bad input: a missing run folder, an unknown column."""
 
 
-def kind_of(path):
-    """progress / metrics / eval, from the CSV file's name (any other CSV is read as progress)."""
+# Columns only one kind of file has: a copy kept under another name (the Atari suite keeps each
+# run's metrics.csv as atari_<Game>_seed<N>_metrics.csv) is still read as what it is.
+SIGNATURES = {"metrics": {"time_s", "frames", "updates"}, "eval": {"policy_version"}}
+
+
+def kind_of(path, columns=()):
+    """progress / metrics / eval, from the CSV file's name, else from its `columns`; any other CSV is
+    read as progress."""
     name = os.path.basename(path)
-    return next((k for k, f in FILES.items() if f == name), "progress")
+    by_name = next((k for k, f in FILES.items() if f == name), None)
+    by_columns = next((k for k, need in SIGNATURES.items() if need <= set(columns)), None)
+    return by_name or by_columns or "progress"
 
 
 def _run_file(folder, source):
@@ -164,8 +172,8 @@ def x_values(path, kind, name, columns, rows):
 
 def load_curve(path, x_name, y_name, smooth=1):
     """(x, y) float arrays from one run's CSV, rows with a missing x or y dropped."""
-    kind = kind_of(path)
     columns, rows = read_csv(path)
+    kind = kind_of(path, columns)
     y_col = column(path, kind, y_name, "-y", columns)
     x, y = x_values(path, kind, x_name, columns, rows), numbers(path, rows, y_col)
     keep = np.isfinite(x) & np.isfinite(y)

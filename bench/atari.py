@@ -331,8 +331,8 @@ def table(runs, frames):
             r["fps"], _cell(r["fps_ratio"], "%.2f") if r["fps_ratio"] != "" else "-", r["resumed_at"] or "-",
             r["extra_flags"] or "-"))
     if ours:
-        lines += ["", "Median human-normalised score over these runs (each at 40M frames, or at its last row short of them): ours %.2f, baselines "
-                  "PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
+        lines += ["", "Median human-normalised score over these runs (each at 40M frames, or at its last row short "
+                  "of them): ours %.2f, baselines PPO %.2f at 40M frames." % (float(np.median(ours)), float(np.median(theirs)))]
     lines += mixed_machines(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     lines += chosen_precisions(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     if unpublished:
@@ -384,9 +384,9 @@ def across_machines(results_root, frames):
 def write_five(results_root, frames):
     """<results_root>/atari_five.md: across_machines with its title and date."""
     lines = ["# The five Atari games at %s frames, over the machines that ran them" % "{:,}".format(frames), "",
-             "Score: mean of the last 100 whole-game training returns at the run's last row at or before 40M frames (as the "
-             "published scores, no frame past the budget); each machine's own table, with curves and "
-             "the commands, is its atari.md.", ""]
+             "Score: mean of the last 100 whole-game training returns at the run's last row at or before 40M "
+             "frames (as the published scores, no frame past the budget); each machine's own table, with curves "
+             "and the commands, is its atari.md.", ""]
     lines += across_machines(results_root, frames) + ["", "Date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
     common.write_lines(os.path.join(results_root, "atari_five.md"), lines)
 

@@ -77,7 +77,8 @@ def run_stats(path, y_name, at, windows, columns):
         for w in windows:
             inside = None if values is None else values[ok & (frames >= w[0]) & (frames <= w[1]) & np.isfinite(values)]
             medians[col, w] = float(np.median(inside)) if inside is not None and inside.size else None
-    return {"path": path, "y": y_col, "frames": reached, "at": [score_at(n) for n in at], "medians": medians}
+    return {"path": path, "y": y_col, "frames": reached, "at": [score_at(n) for n in at], "medians": medians,
+            "columns": header}
 
 
 def label(path):
@@ -124,9 +125,8 @@ def main(argv=None):
         windows = [window(w) for w in (args.window or [DEFAULT_WINDOW])]
         paths = plotcurve.find_runs(args.input, args.source)
         stats = [run_stats(p, args.y, at, windows, args.columns) for p in paths]
-        unlogged = [c for c in args.columns if all(s["medians"][c, w] is None for s in stats for w in windows)]
-        headers = {c for p in paths for c in plotcurve.read_csv(p)[0]}
-        missing = [c for c in unlogged if c not in headers]
+        headers = {c for s in stats for c in s["columns"]}
+        missing = [c for c in args.columns if c not in headers]
         if missing:
             raise plotcurve.PlotError("--columns %s: no run logged %s; the runs' columns are: %s" % (
                 " ".join(args.columns), ", ".join(missing), ", ".join(sorted(headers))))

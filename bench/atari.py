@@ -176,10 +176,6 @@ def summarise(level, seed, logdir, ceiling_fps):
     if not rows:
         return None
     frames, times, score = curve(rows)
-
-    def at(m):
-        i = np.searchsorted(frames, m, side="right") - 1
-        return float(score[i]) if frames[-1] >= m and i >= 0 else float("nan")
     fps = frames[-1] / times[-1] if times[-1] > 0 else float("nan")
     extra = common.read_json(os.path.join(logdir, "extra_flags.json"), [])
     log = common.log_text(logdir)  # the suite appends every (re)start to it
@@ -187,7 +183,9 @@ def summarise(level, seed, logdir, ceiling_fps):
     return {"budget": budget, "game": short(level), "seed": seed, "frames": int(frames[-1]),
             "return_last100": float(score[-1]),
             "train_seconds": float(times[-1]), "fps": fps, "fps_ratio": fps / ceiling_fps if ceiling_fps else "",
-            "at_10M": at(MILESTONES[0]), "at_20M": at(MILESTONES[1]), "at_40M": at(MILESTONES[2]),
+            "at_10M": plotcurve.score_at(frames, score, MILESTONES[0]),
+            "at_20M": plotcurve.score_at(frames, score, MILESTONES[1]),
+            "at_40M": plotcurve.score_at(frames, score, MILESTONES[2]),
             "resumed_at": " ".join(resumed_at(log)),
             "updates": int(rows[-1]["updates"]), "extra": extra, "extra_flags": " ".join(extra),
             "machines": machines(logdir), "precision": precision(log), "curve": (frames, times, score)}

@@ -133,6 +133,16 @@ def stitched(t):
     return out
 
 
+def score_at(frames, score, n):
+    """The score of the last row at or before `n` frames that has one, as a published table's "at
+    N frames" column reads a curve (a run's row just past N has trained on frames the table's runs
+    had not); nan where the run did not reach `n`."""
+    ok = np.isfinite(frames)
+    before = ok & (frames <= n) & np.isfinite(score)
+    reached = ok.any() and frames[ok].max() >= n
+    return float(score[before][-1]) if reached and before.any() else float("nan")
+
+
 def eval_frames(path, columns, rows):
     """The frames each eval.csv row's policy had trained on. The evaluator logs policy_version,
     which is the learner's update count; the learner's metrics.csv beside it logs that count

@@ -66,19 +66,14 @@ def run_stats(path, y_name, at, windows, columns):
     score = plotcurve.numbers(path, rows, plotcurve.column(path, kind, y_col, "-y", header))
     ok = np.isfinite(frames)
     reached = float(frames[ok].max()) if ok.any() else float("nan")
-
-    def score_at(n):
-        before = ok & (frames <= n) & np.isfinite(score)
-        return float(score[before][-1]) if reached >= n and before.any() else None
-
     medians = {}
     for col in columns:
         values = plotcurve.numbers(path, rows, col) if col in header else None
         for w in windows:
             inside = None if values is None else values[ok & (frames >= w[0]) & (frames <= w[1]) & np.isfinite(values)]
             medians[col, w] = float(np.median(inside)) if inside is not None and inside.size else None
-    return {"path": path, "y": y_col, "frames": reached, "at": [score_at(n) for n in at], "medians": medians,
-            "columns": header}
+    return {"path": path, "y": y_col, "frames": reached, "at": [plotcurve.score_at(frames, score, n) for n in at],
+            "medians": medians, "columns": header}
 
 
 def label(path):

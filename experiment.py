@@ -27,6 +27,7 @@ from absl import flags
 from absl import logging
 
 from impala import placement
+from tools.digits import is_digits, odd_char, strict_number_flags
 from tools.files import write_json
 
 # ----------------------------------------------------------------- flags
@@ -136,11 +137,13 @@ flags.DEFINE_float("action_bound_cost", 0.0, "Continuous actions: weight of a lo
                    "clipped to the bounds, so a mean far outside them learns nothing back; configs/pendulum.flags "
                    "uses 1 (bench/results/2core-amd-epyc-without-avx-512/pendulum_bound.md).")
 flags.DEFINE_float("discounting", 0.99, "Discount factor.")
-flags.DEFINE_enum("reward_clipping", "abs_one", ["abs_one", "soft_asymmetric", "none"],
-                  "Reward clipping in the loss: abs_one clips each reward to [-1, 1] (IMPALA's and the "
-                  "Atari tables' protocol); none for an env whose rewards carry their size, as MuJoCo's "
-                  "do (configs/mujoco.flags: clipped, HalfCheetah stalled near 2,000). The default "
-                  "applies to every env, yours included.")
+flags.DEFINE_enum("reward_clipping", "auto", ["auto", "abs_one", "soft_asymmetric", "none"],
+                  "How the loss clips each reward: abs_one clips it to [-1, 1] (IMPALA's protocol, which "
+                  "the published Atari scores use); soft_asymmetric squashes it with tanh and weighs "
+                  "negative rewards less; none leaves it as the env gave it, as an env whose rewards carry "
+                  "their size (MuJoCo's, yours) needs. auto: abs_one for an Atari game, none for every "
+                  "other env; decided once at start-up, saved in the run's options.json and said in the "
+                  "learner's first lines.")
 flags.DEFINE_float("gradients_clipping", 0.0, "Clip gradients by this global norm; 0 = off.")
 flags.DEFINE_float("learning_rate", 0.00048, "Learning rate of --optimizer (see --learning_rate_decay).")
 flags.DEFINE_enum("learning_rate_decay", "linear", ["linear", "none"], "linear: to 0 at "
@@ -214,6 +217,7 @@ flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreacha
                    "this long, with backoff, then exit.")
 
 FLAGS = flags.FLAGS
+strict_number_flags(FLAGS)  # absl's int() and float() would read --batch_size=３２ as 32
 
 # Flags that describe the run (saved to options.json, restored by train_w_load).
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "mlp_hidden",
@@ -227,7 +231,7 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs",
              "actor_send_ahead"]
 
-_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:(\d{1,5})$")
+_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:([0-9]{1,5})$")  # \d would take '８００１' too
 
 
 def _hosts_ok(values):
@@ -259,11 +263,11 @@ flags.register_multi_flags_validator(
     lambda d: d["env_groups"] == 0 or (d["env_groups"] >= 1 and d["envs_per_actor"] % d["env_groups"] == 0),
     message="--env_groups must be 0 (auto) or divide --envs_per_actor (the groups are equal batches)")
 flags.register_validator("learner_hosts", lambda v: bool(v) and _hosts_ok(v),
-                         message="must be a comma-separated list of host:port (port 1-65535)")
+                         message="must be a comma-separated list of host:port (port 1-65535 in ASCII digits)")
 flags.register_validator("learner_host", lambda v: v is None or _hosts_ok([v]),
-                         message="must be host:port (port 1-65535)")
+                         message="must be host:port (port 1-65535 in ASCII digits)")
 flags.register_validator("actor_hosts", _hosts_ok,
-                         message="must be a comma-separated list of host:port (port 1-65535)")
+                         message="must be a comma-separated list of host:port (port 1-65535 in ASCII digits)")
 flags.register_validator("width", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
 flags.register_validator("height", lambda v: 32 <= v <= 256, message="must be from 32 to 256 pixels")
 
@@ -362,9 +366,10 @@ def validate_run():
     if FLAGS.agent_name not in nets.AGENT_NAMES:
         raise UsageError("--agent_name=%s is not an agent; choose one of %s"
                          % (FLAGS.agent_name, ", ".join(nets.AGENT_NAMES)))
-    if not FLAGS.mlp_hidden or not all(w.isdigit() and int(w) > 0 for w in FLAGS.mlp_hidden):
-        raise UsageError("--mlp_hidden=%s: give positive layer widths separated by commas, e.g. 256,256"
-                         % ",".join(FLAGS.mlp_hidden))
+    if not FLAGS.mlp_hidden or not all(is_digits(w) and int(w) > 0 for w in FLAGS.mlp_hidden):
+        hidden = ",".join(map(str, FLAGS.mlp_hidden))
+        raise UsageError("--mlp_hidden=%s: give positive layer widths in ASCII digits separated by commas, "
+                         "e.g. 256,256%s" % (hidden, odd_char(hidden)))
     conv = FLAGS.agent_name in CONV_AGENTS
     if conv and len(spec.obs_shape) != 3:
         raise UsageError("--agent_name=%s needs image observations but --level_name=%s gives "
@@ -415,6 +420,30 @@ def warn_replay_trust_region(specs):
             % ", ".join(map(str, replayed)))
 
 
+def reward_clipping_for(mode, level_name):
+    """(--reward_clipping as the loss applies it, why): auto is abs_one for an Atari game (envs.is_atari)
+    and none for every other env; any other value stays as given."""
+    if mode != "auto":
+        return mode, None
+    import envs
+    if envs.is_atari(level_name):
+        return "abs_one", "auto: an Atari game; --reward_clipping=none to turn it off"
+    return "none", "auto: not an Atari game; --reward_clipping=abs_one to clip to [-1, 1]"
+
+
+def resolve_reward_clipping():
+    """Sets --reward_clipping=auto to what it means for --level_name, once, in main() before any job
+    starts, so that the loss, the evaluator, options.json (a resumed run restores the value saved, an
+    old run's abs_one included) and --mode=test all see the mode the run uses. Returns the learner's
+    start-up line."""
+    mode, why = reward_clipping_for(FLAGS.reward_clipping, FLAGS.level_name)
+    if why is None:
+        why = ("--reward_clipping=%s" % mode if FLAGS["reward_clipping"].present
+               else "as saved in the resumed run's options.json")
+    FLAGS["reward_clipping"].value = mode
+    return "reward clipping: %s (%s)" % (mode, why)
+
+
 # ----------------------------------------------------------------- jobs
 def learner_rank():
     """(rank, size, local_rank, hvd or None): Horovod's when this learner is one of several ranks."""
@@ -442,7 +471,7 @@ def learner_placement(rank, size, hvd):
     return address, actor_ids
 
 
-def run_learner():
+def run_learner(reward_clipping_line=None):
     from impala import devices
     from impala import training
     rank, size, local_rank, hvd = learner_rank()
@@ -450,6 +479,8 @@ def run_learner():
     devices.set_threads(FLAGS.learner_threads)
     devices.setup_learner(local_rank, log=log, prefix="[learner %d]" % rank)
     address, actor_ids = learner_placement(rank, size, hvd)
+    if rank == 0 and reward_clipping_line:
+        log("[learner 0] %s" % reward_clipping_line)
     logdir = FLAGS.logdir
     if FLAGS.mode == "train_w_load" and logdir is None:
         logdir = load_saved_options(FLAGS.load_model_url)[1]
@@ -548,6 +579,7 @@ def main(argv):
             apply_saved_options(load_saved_options(src)[0])
         set_onednn()
         validate_run()
+        reward_clipping_line = resolve_reward_clipping()
         if FLAGS.mode == "test":
             return run_test()
         if FLAGS.mode == "replay_nonfinite":
@@ -559,7 +591,7 @@ def main(argv):
             from impala import evaluator
             return evaluator.run_evaluator(FLAGS, FLAGS.logdir or default_logdir(),
                                            placement.evaluator_learner(placement.from_flags(FLAGS)), log=log)
-        return run_learner()
+        return run_learner(reward_clipping_line)
     except (UsageError, FileNotFoundError) as e:
         print("experiment.py: error: %s" % e, file=sys.stderr, flush=True)
         return 2

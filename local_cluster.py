@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from tools.digits import int_arg
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -156,9 +158,9 @@ def flag_value(flags, name, default):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num_actors", type=int, default=2)
-    parser.add_argument("--num_learners", type=int, default=1, help="Horovod ranks (mpirun)")
-    parser.add_argument("--base_port", type=int, default=8001)
+    parser.add_argument("--num_actors", type=int_arg, default=2)
+    parser.add_argument("--num_learners", type=int_arg, default=1, help="Horovod ranks (mpirun)")
+    parser.add_argument("--base_port", type=int_arg, default=8001)
     parser.add_argument("--logdir", default=None)
     parser.add_argument("--evaluator", action="store_true",
                         help="also run the test worker (greedy evaluation every --test_every_s)")

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from tools.digits import int_arg
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -112,8 +114,8 @@ def check_flags(python, flags):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", required=True, help="JSON file with the runs")
-    parser.add_argument("--num_actors", type=int, default=2)
-    parser.add_argument("--base_port", type=int, default=8001)
+    parser.add_argument("--num_actors", type=int_arg, default=2)
+    parser.add_argument("--base_port", type=int_arg, default=8001)
     parser.add_argument("--out", default=None, help="folder for the runs (default results/multi_<ts>)")
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then flags for every run")
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ to logs/learners.log here); `tmux attach -t impala` shows the windows.
 
 `stop` interrupts every worker (SIGINT, as Ctrl-C would: learners write their
 checkpoint), waits up to --stop_timeout_s, then kills what is left and closes the tmux
-sessions on every host. The run's processes on a host are those under its tmux panes
+sessions of every host. The run's processes on a host are those under its tmux panes
 plus any whose command line holds this run's --learner_hosts/--actor_hosts lists
 (e.g. learner ranks that mpirun started on another host).
 
@@ -54,11 +54,12 @@ from cluster import reach
 from cluster import watch
 from cluster import workers_csv
 from cluster.plan import EXIT_BAD_INPUT, UsageError
+from tools.digits import strict_number_flags
 
 flags.DEFINE_string("workers_csv_path", None, "The workers CSV (see workers_csv.py and sandbox/).")
 flags.DEFINE_enum("action", "start", ["start", "stop", "status", "watch"],
                   "start: check, then start actors and learners. stop: end the run's processes and "
-                  "tmux sessions on every host. status: which workers are alive. watch: restart dead "
+                  "tmux sessions of every host. status: which workers are alive. watch: restart dead "
                   "actors (up to --max_restarts each) until the learners exit.")
 flags.DEFINE_bool("dry_run", False, "Check everything and print the plan and every command; start nothing.")
 flags.DEFINE_bool("follow", False, "After start (or with watch): print the learners' log here and restart "
@@ -68,6 +69,7 @@ flags.DEFINE_string("logdir", None, "Run directory, also passed to experiment.py
 for _module in (hosts_lib, plan_lib, launch, reach, watch):  # their flags show in --help too
     flags.adopt_module_key_flags(_module)
 FLAGS = flags.FLAGS
+strict_number_flags(FLAGS)  # absl's int() and float() would read --max_restarts=３ as 3
 
 # Kept importable from here (tests and tools used these names).
 experiment_flag_names = plan_lib.experiment_flag_names

@@ -68,9 +68,10 @@ def timed(fn, n, reps):
 def make_learner(argv, tag):
     """A Learner (rank 0 of 1) from experiment.py flags `argv`, in this process."""
     from absl import flags
-    import experiment  # noqa: F401  (defines the flags)
+    import experiment  # defines the flags
     from impala import learner as learner_lib
     flags.FLAGS([tag] + argv)
+    experiment.resolve_reward_clipping()  # auto -> abs_one or none, as main() does at start-up
     return learner_lib.Learner(flags.FLAGS, os.path.join("/tmp", "%s_bench_%d" % (tag, os.getpid())), 0, 1)
 
 

@@ -12,7 +12,7 @@ learners start, check_after_start
 Actors say the same in their logs ("cannot reach learner ...", actor.py); actor_log_states
 reads the newest such line of each actor, for --action=status and --follow.
 
-The probe is bash's /dev/tcp under coreutils' timeout, so it needs nothing installed.
+The check is bash's /dev/tcp under coreutils' timeout, so it needs nothing installed.
 """
 import concurrent.futures
 import shlex
@@ -55,7 +55,7 @@ def _probe(host, addresses, timeout_s) -> dict:
         parts = line.split()
         if len(parts) == 3:
             got[(parts[1], int(parts[2]))] = parts[0]
-    return {a: got.get(a, f"error: the probe printed nothing ({err.strip()[-200:]})") for a in addresses}
+    return {a: got.get(a, f"error: the TCP check printed nothing ({err.strip()[-200:]})") for a in addresses}
 
 
 def wait_for_learners(plan, hosts, timeout_s, learners_alive) -> tuple:

@@ -21,6 +21,8 @@ import sys
 import time
 from typing import NamedTuple
 
+from tools.digits import NumberError, int_arg, parse_int
+
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACTOR_GRACE_S = 60.0  # after the learners' end, how long actors get to see the closed queue
 
@@ -50,9 +52,29 @@ def read_allocation(environ=os.environ) -> Allocation:
     nodes = p.stdout.split()
     if p.returncode != 0 or not nodes:
         raise SlurmError("cannot expand SLURM_JOB_NODELIST=%r with scontrol: %s" % (nodelist, p.stderr.strip()))
-    tasks = int(environ.get("SLURM_NTASKS") or len(nodes))
-    gpus = environ.get("SLURM_GPUS_ON_NODE") or environ.get("SLURM_GPUS_PER_NODE", "0").split(":")[-1]
-    return Allocation(environ["SLURM_JOB_ID"], nodes, tasks, int(gpus) if gpus.isdigit() else 0)
+    tasks = _count(environ, "SLURM_NTASKS", len(nodes), "sbatch --ntasks=N sets it")
+    return Allocation(environ["SLURM_JOB_ID"], nodes, tasks, _gpus_per_node(environ))
+
+
+def _count(environ, name, default, right, text=None):
+    """The count in variable `name` (or in `text`, the count's part of its value); `default` if that is
+    empty. A SlurmError naming the variable unless it is ASCII digits: int() would read '３' as 3."""
+    text = environ.get(name, "") if text is None else text
+    if not text:
+        return default
+    try:
+        return parse_int(text)
+    except NumberError as e:
+        raise SlurmError("%s=%r: %s; %s" % (name, environ[name], e, right)) from None
+
+
+def _gpus_per_node(environ):
+    """SLURM_GPUS_ON_NODE, else the count of SLURM_GPUS_PER_NODE ([type:]count, e.g. a100:2); 0 without."""
+    if environ.get("SLURM_GPUS_ON_NODE"):
+        return _count(environ, "SLURM_GPUS_ON_NODE", 0, "Slurm sets it to the node's GPU count")
+    value = environ.get("SLURM_GPUS_PER_NODE", "")
+    return _count(environ, "SLURM_GPUS_PER_NODE", 0, "sbatch --gpus-per-node=[type:]N sets it, e.g. a100:2",
+                  text=value.split(":")[-1])
 
 
 def plan_layout(alloc, num_learners, learners_per_node, base_port) -> Layout:
@@ -172,10 +194,11 @@ def say(msg):
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m cluster.slurm", description=__doc__.split("\n\n")[0],
                                 epilog="Every other --flag=value goes to experiment.py (training flags).")
-    p.add_argument("--num_learners", type=int, default=1, help="learner ranks (Horovod); the rest of the tasks are actors")
-    p.add_argument("--learners_per_node", type=int, default=0,
+    p.add_argument("--num_learners", type=int_arg, default=1,
+                   help="learner ranks (Horovod); the rest of the tasks are actors")
+    p.add_argument("--learners_per_node", type=int_arg, default=0,
                    help="learner ranks per node; 0: one per GPU of the node, or all on the first node without GPUs")
-    p.add_argument("--base_port", type=int, default=8001, help="learner rank r serves base_port + r on its node")
+    p.add_argument("--base_port", type=int_arg, default=8001, help="learner rank r serves base_port + r on its node")
     p.add_argument("--logdir", default=None, help="run folder (default results/<level_name>_slurm<job id>)")
     p.add_argument("--python", default=sys.executable, help="the Python of the project's venv on every node")
     args, rest = p.parse_known_args(argv)

@@ -32,13 +32,15 @@ import socket
 
 import psutil
 
+from tools.digits import is_digits, odd_char
+
 REQUIRED_COLUMNS = ("job", "ip", "tf_port", "cuda_visible_devices",
                     "ssh_port", "ssh_username", "ssh_password")
 OPTIONAL_COLUMNS = ("ssh_key_file",)
 JOBS = ("learner", "actor", "evaluator")
 
 _HOSTNAME_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
-_GPU_ID = re.compile(r"^(\d+|(GPU|MIG)-[A-Za-z0-9/-]+)$")
+_GPU_ID = re.compile(r"^([0-9]+|(GPU|MIG)-[A-Za-z0-9/-]+)$")  # \d would take '３' too
 
 
 class WorkersCsvError(ValueError):
@@ -281,7 +283,7 @@ def _parse_row(row, lineno, csv_dir, local, err):
         ip = ip[1:-1]
     problem = _check_host(ip)
     if problem:
-        bad("ip", f"{row['ip']!r} {problem}")
+        bad("ip", f"{row['ip']!r} {problem}{odd_char(ip)}")
 
     tf_port = _port(row["tf_port"], "tf_port", bad, required=True)
     is_local = ip.lower() in local
@@ -289,7 +291,7 @@ def _parse_row(row, lineno, csv_dir, local, err):
     cvd = row["cuda_visible_devices"]
     if cvd and cvd != "-1" and not all(_GPU_ID.match(g.strip()) for g in cvd.split(",")):
         bad("cuda_visible_devices", f"{cvd!r} is not a GPU list; leave it empty, write -1 for no GPU, "
-                                    f"or GPU ids like 0 or \"0,1\"")
+                                    f"or GPU ids like 0 or \"0,1\"{odd_char(cvd)}")
 
     # A remote host's SSH columns are only demanded once its address is valid: an address
     # that is wrong already explains the row, and "remote" would be a guess.
@@ -358,8 +360,8 @@ def _port(value, column, bad, required):
         if required:
             bad(column, "empty; write a port number in 1..65535")
         return None
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
-        bad(column, f"{value!r} is not a port; write an integer in 1..65535")
+    if not is_digits(value) or not 1 <= int(value) <= 65535:
+        bad(column, f"{value!r} is not a port; write an integer in 1..65535 in ASCII digits{odd_char(value)}")
         return None
     return int(value)
 

@@ -35,14 +35,12 @@ def fail(msg):
 
 
 def env_int(name, default, low=1):
+    """ASCII digits only, the rule of tools/digits.py, which this script (run from docker/, outside the
+    project's packages) cannot import: int() would read NUM_ACTORS=２ as 2."""
     raw = os.environ.get(name, "") or str(default)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < low:
-        fail("%s=%r must be an integer >= %d" % (name, raw, low))
-    return value
+    if not re.fullmatch(r"[0-9]+", raw, re.ASCII) or int(raw) < low:
+        fail("%s=%r must be an integer >= %d in ASCII digits 0-9" % (name, raw, low))
+    return int(raw)
 
 
 def _read_name(msg, pos):

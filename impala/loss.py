@@ -9,14 +9,18 @@ import vtrace
 
 def clip_rewards(rewards, mode):
     """--reward_clipping: abs_one clips to [-1, 1]; soft_asymmetric squashes with tanh and
-    weighs losses less; none leaves them."""
+    weighs losses less; none leaves them. auto must have been resolved for the env before
+    (experiment.resolve_reward_clipping): taken here as none it would leave Atari's unclipped."""
     if mode == "abs_one":
         return tf.clip_by_value(rewards, -1.0, 1.0)
     if mode == "soft_asymmetric":
         squeezed = tf.tanh(rewards / 5.0)
         # Negative rewards count 0.3 as much: makes the agent less risk-averse.
         return tf.where(rewards < 0, 0.3 * squeezed, squeezed) * 5.0
-    return rewards  # "none"
+    if mode == "none":
+        return rewards
+    raise ValueError("--reward_clipping=%s: the loss takes abs_one, soft_asymmetric or none (auto is resolved "
+                     "for --level_name at start-up, by experiment.resolve_reward_clipping)" % (mode,))
 
 
 def vtrace_targets(agent_out, batch, flags):

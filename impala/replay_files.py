@@ -59,7 +59,7 @@ def load(mixer, prefix, rank, log=print, fields=None):
     """Restores this rank's replay state saved with checkpoint `prefix` (".../ckpt-<N>");
     False, with a warning, when there is none or it does not fit this run (`fields`: the names
     of this run's unroll fields, which stored unrolls must have)."""
-    match = re.search(r"-(\d+)$", prefix)
+    match = re.search(r"-([0-9]+)$", prefix)  # --load_model_url's: \d would take 'ckpt-٣' as 3
     path = path_for(os.path.dirname(prefix), int(match.group(1)), rank) if match else None
     if path is None or not os.path.exists(path):
         log("[learner %d] WARNING: no replay state for checkpoint %s on this rank (%s); the replay starts "

@@ -123,6 +123,18 @@ def test_entrypoint_actor_task_and_errors(monkeypatch, capsys):
     assert "IMPALA_ROLE='' must be learner or actor" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name,value", [("NUM_ACTORS", "¹²"), ("NUM_LEARNERS", "٣٤"), ("ACTOR_TASK", "８")])
+def test_entrypoint_counts_take_ascii_digits_only(monkeypatch, capsys, name, value):
+    """int() read '٣٤' as 34 and '８' as 8 (and refused '¹²' with a traceback)."""
+    env = dict({"IMPALA_ROLE": "actor", "NUM_ACTORS": "100", "ACTOR_TASK": "0"}, **{name: value})
+    with pytest.raises(SystemExit) as e:
+        run_entrypoint(monkeypatch, env)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "docker/entrypoint.py: error: %s=%r must be an integer >= %d in ASCII digits 0-9\n" % (
+        name, value, 0 if name == "ACTOR_TASK" else 1), err
+
+
 def _fake_dns(answer_name):
     """A UDP DNS server on 127.0.0.1 that answers one PTR query the way Docker's does (the answer's
     owner name compressed to a pointer at the question)."""

@@ -85,6 +85,9 @@ def _run_experiment(args, timeout=120):
     (["--mode=test", "--load_model_url=/nonexistent/run"], "/nonexistent/run"),
     (["--level_name=CartPole-v1", "--agent_name=SimpleConvNetAgent"], "MLPAgent"),
     (["--level_name=HalfCheetah-v5", "--agent_name=MLPAgent", "--mlp_hidden=64,x"], "--mlp_hidden=64,x"),
+    (["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--mlp_hidden=64,¹²"],
+     "--mlp_hidden=64,¹²: give positive layer widths in ASCII digits"),
+    (["--batch_size=３２"], "flag --batch_size=３２: '３２' is not an integer; write ASCII digits 0-9"),
     (["--width=16"], "--width"),
     (["--agent_name=NatureConvNetAgent", "--width=32", "--height=32"],
      "--agent_name=NatureConvNetAgent with --width=32 --height=32"),
@@ -105,6 +108,39 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
     assert not os.path.exists(tmp_path / "run"), "nothing may be started or written on bad input"
 
 
+UNICODE_DIGITS = ("¹²", "٣٤", "８０")  # superscript, Arabic-Indic, fullwidth
+
+
+def test_number_flags_take_ascii_digits_only():
+    """int() and float() read '٣٤' and '８０' as numbers and str.isdigit() passes '¹²', which int()
+    refuses with a traceback: every number a flag holds is ASCII digits, else one line naming the
+    flag and the value."""
+    cases = [(["--%s=%s" % (name, v)], "flag --%s=%s: %r is not " % (name, v, v))
+             for v in UNICODE_DIGITS for name in ("batch_size", "seed", "learning_rate")]
+    cases += [(["--learner_hosts=127.0.0.1:" + v], "flag --learner_hosts=['127.0.0.1:%s']: must be a "
+               "comma-separated list of host:port (port 1-65535 in ASCII digits)" % v) for v in UNICODE_DIGITS]
+    cases += [(["--mlp_hidden=64," + v], "--mlp_hidden=64,%s: give positive layer widths in ASCII digits" % v)
+              for v in UNICODE_DIGITS]
+    code = ("import json, sys, experiment\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    experiment.FLAGS.unparse_flags()\n"
+            "    try:\n"
+            "        experiment.FLAGS(['experiment.py', '--level_name=CartPole-v1', '--agent_name=MLPAgent'] + argv)\n"
+            "        experiment.validate_run()\n"
+            "        print('case', json.dumps('accepted'))\n"
+            "    except Exception as e:  # flags.Error, UsageError; anything else is the bug\n"
+            "        print('case', json.dumps(type(e).__name__ + ' ' + str(e)))\n")
+    r = subprocess.run([PY, "-c", code, json.dumps([a for a, _ in cases])], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line[len("case "):]) for line in r.stdout.splitlines() if line.startswith("case ")]
+    assert len(got) == len(cases), r.stdout
+    for (argv, needle), said in zip(cases, got):
+        kind, _, msg = said.partition(" ")
+        assert kind in ("IllegalFlagValueError", "UsageError") and msg.startswith(needle), (argv, said)
+        assert "\n" not in msg and ("(%r is " % argv[0][-2] in msg or "host:port" in msg), (argv, said)
+
+
 @pytest.mark.parametrize("recipe,names,expected", [
     ("pong", "level_name width num_sgd_iter compute_dtype normalize_observations normalize_returns",
      "PongNoFrameskip-v4 42 4 auto True True"),
@@ -123,6 +159,42 @@ def test_a_recipe_is_a_valid_run(recipe, names, expected):
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr
     assert "recipe " + expected in r.stdout, r.stdout
+
+
+def test_reward_clipping_auto_clips_atari_games_only_and_a_given_value_wins():
+    """--reward_clipping=auto (the default) is resolved once at start-up: abs_one for an Atari id of
+    either family, none for every other env; a value on the command line or saved in a resumed run's
+    options.json (an old run's abs_one, the old default) stays as it is."""
+    cases = [(["--level_name=PongNoFrameskip-v4"], {}, "abs_one (auto: an Atari game;"),
+             (["--level_name=ALE/Breakout-v5"], {}, "abs_one (auto: an Atari game;"),
+             (["--level_name=CartPole-v1", "--agent_name=MLPAgent"], {}, "none (auto: not an Atari game;"),
+             (["--level_name=Pendulum-v1", "--agent_name=MLPAgent"], {}, "none (auto: not an Atari game;"),
+             (["--level_name=CartPole-v1", "--reward_clipping=auto"], {}, "none (auto: not an Atari game;"),
+             (["--level_name=CartPole-v1", "--reward_clipping=abs_one"], {}, "abs_one (--reward_clipping=abs_one)"),
+             (["--level_name=PongNoFrameskip-v4", "--reward_clipping=none"], {}, "none (--reward_clipping=none)"),
+             (["--level_name=HalfCheetah-v5", "--reward_clipping=soft_asymmetric"], {},
+              "soft_asymmetric (--reward_clipping=soft_asymmetric)"),
+             (["--level_name=CartPole-v1"], {"reward_clipping": "abs_one"}, "abs_one (as saved in"),
+             (["--level_name=CartPole-v1", "--reward_clipping=none"], {"reward_clipping": "abs_one"},
+              "none (--reward_clipping=none)")]
+    code = ("import json, sys, experiment\n"
+            "for argv, saved in json.loads(sys.argv[1]):\n"
+            "    experiment.FLAGS.unparse_flags()\n"
+            "    experiment.FLAGS(['experiment.py'] + argv)\n"
+            "    experiment.apply_saved_options(saved)\n"
+            "    line = experiment.resolve_reward_clipping()\n"
+            "    print('case', experiment.FLAGS.reward_clipping, '|', line)\n")
+    r = subprocess.run([PY, "-c", code, json.dumps([[a, s] for a, s, _ in cases])], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr
+    got = [line[len("case "):] for line in r.stdout.splitlines() if line.startswith("case ")]
+    assert len(got) == len(cases), r.stdout
+    for (argv, saved, expected), line in zip(cases, got):
+        value, said = line.split(" | ")
+        assert said.startswith("reward clipping: " + expected) and value == expected.split()[0], (argv, saved, line)
+    assert "reward clipping: abs_one (auto: an Atari game; --reward_clipping=none to turn it off)" in got[0]
+    assert ("reward clipping: none (auto: not an Atari game; --reward_clipping=abs_one to clip to [-1, 1])"
+            in got[2])
 
 
 @pytest.mark.parametrize("flags,warned", [
@@ -258,6 +330,10 @@ def test_learner_without_actors_exits_when_told(tmp_path):
                         + CARTPOLE, timeout=90)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "no actor has sent anything" in r.stdout
+    # --reward_clipping=auto, resolved at start-up: said once, and saved resolved for a resume or a test
+    assert r.stdout.count("[learner 0] reward clipping: none (auto: not an Atari game; "
+                          "--reward_clipping=abs_one to clip to [-1, 1])\n") == 1, r.stdout
+    assert json.load(open(os.path.join(logdir, "options.json")))["reward_clipping"] == "none"
 
 
 def test_two_horovod_ranks_hold_identical_weights(tmp_path):

@@ -341,6 +341,15 @@ def test_bad_training_flags_start_nothing(run, flag, needle):
     assert not os.path.exists(run.logdir)
 
 
+def test_frontend_number_flags_take_ascii_digits_only(run):
+    """absl's int() read --max_restarts=٣ as 3 (its float() --ssh_timeout_s=１５ as 15.0)."""
+    p = free_ports(2)
+    csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,"])
+    rc, out, err = run.frontend(csv, "--max_restarts=٣", "--dry_run")
+    assert rc == 2 and err.startswith("error: flag --max_restarts=٣: '٣' is not an integer; write ASCII digits"), err
+    assert run.local_tmux_sessions() == [] and not os.path.exists(run.logdir)
+
+
 def test_watch_restarts_a_dead_actor_up_to_max_restarts(run):
     p = free_ports(3)
     csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,",

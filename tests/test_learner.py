@@ -31,6 +31,8 @@ def _experiment_defaults(**overrides):
     import experiment
     values = {name: experiment.FLAGS[name].default for name in experiment.FLAGS}
     values.update(overrides)
+    # as main() resolves it at start-up: abs_one for an Atari game, none otherwise
+    values["reward_clipping"] = experiment.reward_clipping_for(values["reward_clipping"], values["level_name"])[0]
     return types.SimpleNamespace(**values)
 
 
@@ -230,6 +232,19 @@ def test_normalized_advantages_do_not_depend_on_the_reward_scale():
         grads.append(tape.gradient(loss, logits).numpy())
     assert np.abs(grads[0]).sum() > 0.1
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-3, atol=1e-5)
+
+
+def test_the_loss_clips_rewards_as_resolved_and_refuses_an_unresolved_auto():
+    """--reward_clipping reaches the loss resolved (experiment.resolve_reward_clipping): auto there,
+    taken as none, would leave an Atari game's rewards unclipped, so it is refused."""
+    r = tf.constant([-3.0, -0.5, 0.5, 7.0])
+    np.testing.assert_allclose(loss_lib.clip_rewards(r, "abs_one").numpy(), [-1.0, -0.5, 0.5, 1.0])
+    np.testing.assert_allclose(loss_lib.clip_rewards(r, "none").numpy(), r.numpy())
+    with pytest.raises(ValueError, match="--reward_clipping=auto"):
+        loss_lib.clip_rewards(r, "auto")
+    assert _flags().reward_clipping == "abs_one"  # the defaults' level, Pong, as main() resolves it
+    assert _flags(level_name="CartPole-v1").reward_clipping == "none"
+    assert _flags(level_name="CartPole-v1", reward_clipping="abs_one").reward_clipping == "abs_one"
 
 
 @pytest.mark.parametrize("bad", ["--num_sgd_iter=0", "--clip_param=1.5", "--optimizer=sgd",

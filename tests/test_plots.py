@@ -214,3 +214,18 @@ def test_runstats_refuses_a_column_no_run_logged_and_a_bad_frame_count(tmp_path)
     assert r.returncode == 2 and "--at 'ten million'" in r.stderr, r.stderr
     r = stats("-i", str(a), "--window", "5M:1M")
     assert r.returncode == 2 and "--window '5M:1M'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value", ["¹²M", "٣٤M", "８０K"])
+def test_runstats_frame_counts_take_ascii_digits_only(tmp_path, capsys, value):
+    """The frame-count pattern's \\d took '٣٤M' and '８０K' as 34M and 80K (superscripts it refused)."""
+    from tools import runstats
+    a = impala_run(tmp_path / "a")
+    for args, flag in ((["--at", value], "--at"), (["--window", value + ":"], "--window")):
+        assert runstats.main(["-i", str(a)] + args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: %s %r: not a frame count (write e.g. 10M, 600K or 40000000 in ASCII digits) "
+                              "(%r is " % (flag, value, value[0])) and err.count("\n") == 1, err
+    with pytest.raises(SystemExit):
+        plotcurve.main(["-x", "frames", "-i", str(a), "--smooth", value[:-1]])
+    assert "argument --smooth: %r is not an integer" % value[:-1] in capsys.readouterr().err

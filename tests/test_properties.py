@@ -1,32 +1,36 @@
 """Property-based bad-input suites (hypothesis): whatever the input, the workers CSV
 parser, the replay JSON parser and the flag parser either accept it or raise their one
 clear error type with a message that names the place (file:line, the flag); never
-another exception (which would reach the user as a traceback)."""
+another exception (which would reach the user as a traceback). Digits of other scripts
+are never numbers. The draws are derandomized unless HYPOTHESIS_PROFILE=random
+(tests/conftest.py)."""
 import json
 import os
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cluster import workers_csv
 from impala import replay
+from tools import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                           HealthCheck.function_scoped_fixture])
+# max_examples, derandomize and database come from the loaded profile (tests/conftest.py)
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 HEADER = "job,ip,tf_port,cuda_visible_devices,ssh_port,ssh_username,ssh_password"
 
 cell = st.one_of(st.sampled_from(["learner", "actor", "127.0.0.1", "localhost", "10.0.0.2", "8001", "0",
                                   "65536", "-1", "22", "root", "", "\"0,1\"", "abc", "1.5", "::1",
-                                  "999.1.1.1", "a b", "ünï", "\"", ",", "key.pem"]),
+                                  "999.1.1.1", "a b", "ünï", "\"", ",", "key.pem", "¹²", "٣٤", "８０"]),
                  st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12))
 row = st.lists(cell, min_size=0, max_size=9).map(lambda cells: ",".join(cells))
 
 
 @SETTINGS
+@example(rows=["learner,127.0.0.1,¹,,,,"], header=HEADER)  # a random draw's find: int('¹') was a traceback
 @given(rows=st.lists(row, max_size=6), header=st.sampled_from([HEADER, HEADER + ",ssh_key_file", "", "job,ip"]))
 def test_workers_csv_never_crashes(tmp_path, rows, header):
     path = tmp_path / "workers.csv"
@@ -122,3 +126,65 @@ def test_flag_parsing_gives_flag_errors_only(experiment_flags, pairs):
         assert any(k in msg for k, _ in pairs) or "flag" in msg.lower(), msg
     finally:
         flags.FLAGS.unparse_flags()
+
+
+# Digits that are not ASCII 0-9: str.isdigit() passes them all (int() then refuses '¹²' with a
+# traceback) and int() and float() read the others ('٣٤' as 34, '８０' as 80), with ASCII digits
+# mixed in.
+UNICODE_DIGITS = ("¹²", "٣٤", "８０")
+digit = st.one_of(st.characters(whitelist_categories=("Nd", "No"), blacklist_characters="0123456789"),
+                  st.sampled_from("0123456789"))
+unicode_number = st.lists(digit, min_size=1, max_size=5).map("".join).filter(lambda t: not t.isascii())
+
+
+def _with_examples(f):
+    for value in UNICODE_DIGITS:
+        f = example(value=value)(f)
+    return f
+
+
+def test_the_profile_decides_the_draws():
+    assert SETTINGS.derandomize == settings.default.derandomize
+    assert SETTINGS.database is settings.default.database and SETTINGS.max_examples == settings.default.max_examples
+
+
+@SETTINGS
+@_with_examples
+@given(value=unicode_number)
+def test_unicode_digits_are_never_numbers(value):
+    for parse in (lambda v: digits.parse_int(v, "--width"), lambda v: digits.parse_int(v, "--width", signed=True),
+                  lambda v: digits.parse_float(v, "--width")):
+        with pytest.raises(digits.NumberError) as e:
+            parse(value)
+        assert str(e.value).startswith("--width: %r is not " % value) and "\n" not in str(e.value), str(e.value)
+        assert "ASCII digits" in str(e.value) and " is " in digits.odd_char(value)
+
+
+@SETTINGS
+@_with_examples
+@given(value=unicode_number)
+def test_workers_csv_port_of_unicode_digits_names_line_and_column(tmp_path, value):
+    path = tmp_path / "workers.csv"
+    path.write_text("\n".join([HEADER, "learner,127.0.0.1,8001,,,,", "actor,127.0.0.1,%s,,,," % value]) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(workers_csv.WorkersCsvError) as e:
+        workers_csv.load(str(path), local={"127.0.0.1"})
+    assert str(e.value).splitlines()[1:] == [
+        "  %s:3: column 'tf_port': %r is not a port; write an integer in 1..65535 in ASCII digits%s"
+        % (path, value, digits.odd_char(value))]
+
+
+@SETTINGS
+@_with_examples
+@given(value=unicode_number)
+def test_number_flags_of_unicode_digits_are_one_flag_error(experiment_flags, value):
+    experiment, flags = experiment_flags
+    for name in ("batch_size", "task", "learning_rate", "discounting"):
+        try:
+            flags.FLAGS.unparse_flags()
+            with pytest.raises(flags.Error) as e:
+                flags.FLAGS(["experiment.py", "--%s=%s" % (name, value)])
+        finally:
+            flags.FLAGS.unparse_flags()
+        msg = str(e.value)
+        assert msg.startswith("flag --%s=%s: %r is not " % (name, value, value)) and "\n" not in msg, msg

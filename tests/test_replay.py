@@ -110,6 +110,13 @@ BAD = [  # (text, words the message must contain)
     (cfg(Q, dict(C, elite_batch_size=10)), ['"elite_batch_size"', "elite_insertion"]),
     ('[{"type": "queue", "capacity": 1, "capacity": 2, "sample_ratio": 1}]', ['"capacity"', "twice"]),
     (cfg(Q, dict(S, sample_ratio=float("nan"))), ['"sample_ratio"']),
+    # digits of other scripts: JSON numbers are ASCII, and a string is never read as a number
+    ('[{"type": "standard", "capacity": ٣٤, "sample_ratio": 1}]', ["not valid JSON", "line 1 column 35"]),
+    ('[{"type": "standard", "capacity": 1¹², "sample_ratio": 1}]', ["not valid JSON", "line 1 column 36"]),
+    (cfg(dict(S, capacity="８０", sample_ratio=1)), ["entry 0 (standard)", '"capacity"', "integer", "string"]),
+    (cfg(Q, dict(S, sample_ratio="٠.٥")), ["entry 1 (standard)", '"sample_ratio"', "number", "string"]),
+    (cfg(Q, dict(C, elite_sampling_strategy="strategy٣")), ["entry 1 (custom)", '"elite_sampling_strategy"',
+                                                           "1, 2, 3 or 4"]),
 ]
 
 

@@ -158,6 +158,25 @@ def test_multi_train_bad_experiments_start_nothing(content, needle, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("value", ["¹²", "٣٤", "８０"])
+def test_launcher_counts_take_ascii_digits_only(monkeypatch, capsys, tmp_path, value):
+    """argparse's type=int read '٣٤' and '８０' as 34 and 80 actors."""
+    import local_cluster
+    import multi_train
+
+    def started(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+    monkeypatch.setattr(local_cluster, "LocalCluster", started)
+    monkeypatch.setattr(sys, "argv", ["local_cluster.py", "--num_actors=" + value, "--logdir=%s" % tmp_path])
+    for main in (local_cluster.main, lambda: multi_train.main(["--experiments=%s" % (tmp_path / "none.json"),
+                                                               "--num_actors=" + value])):
+        with pytest.raises(SystemExit) as e:
+            main()
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "error: argument --num_actors: %r is not an integer; write ASCII digits 0-9" % value in err, err
+
+
 @pytest.mark.slow  # the default suite checks the experiments file
 def test_multi_train_runs_in_sequence_with_precedence(tmp_path):
     """Two runs; the command line beats the run's overrides, which beat "common"."""

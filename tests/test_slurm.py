@@ -66,11 +66,16 @@ def _best_return(logdir):
     return max(float(r["mean_return_20"]) for r in rows if r["mean_return_20"] != "nan")
 
 
+README_SBATCH = "sbatch --ntasks=3 sandbox/slurm_impala.sbatch --flagfile=configs/cartpole.flags"
+
+
 @pytest.mark.slow
 def test_sbatch_trains_cartpole_to_475(cluster, tmp_path):
+    """The README's Slurm command, with the test's run folder and job output added."""
     logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
-    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
-                  "--total_environment_frames=400000", "--seed=2")
+    words = README_SBATCH.split()
+    assert words[:3] == ["sbatch", "--ntasks=3", "sandbox/slurm_impala.sbatch"]
+    job = _submit(cluster, out, *words[3:], "--logdir=" + logdir, "--log_every_s=1")
     state = _wait_done(cluster, job, 400, out)
     text = open(out).read()
     assert state == "COMPLETED" and cluster.job_exit_code(job) == "0:0", text + open(
@@ -129,3 +134,31 @@ def test_the_allocation_picks_learner_and_actor_nodes(monkeypatch):
     assert slurm.main(["--level_name=CartPole-v1"]) == 2
     argv = slurm.learners_argv("py", gpus, "/r", ["--x=1"])
     assert argv[0] == "mpirun" and argv[argv.index("-H") + 1] == "n1:2,n2:2" and argv[-1] == "--x=1"
+
+
+@pytest.mark.parametrize("env,name", [({"SLURM_NTASKS": "¹²"}, "SLURM_NTASKS"), ({"SLURM_NTASKS": "٣٤"}, "SLURM_NTASKS"),
+                                      ({"SLURM_GPUS_ON_NODE": "８"}, "SLURM_GPUS_ON_NODE"),
+                                      ({"SLURM_GPUS_PER_NODE": "gpu:٢"}, "SLURM_GPUS_PER_NODE")])
+def test_slurm_counts_of_other_scripts_digits_are_one_line_naming_the_variable(monkeypatch, capsys, env, name):
+    """int() read '٣٤' as 34 and failed on '¹²' with a traceback; isdigit() passed both."""
+    expanded = type("Done", (), {"returncode": 0, "stdout": "n1 n2\n", "stderr": ""})
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: expanded)  # scontrol show hostnames
+    for var in ("SLURM_NTASKS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert slurm.main(["--level_name=CartPole-v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("slurm.py: error: %s=%r: " % (name, env[name])) and err.count("\n") == 1, err
+    assert "ASCII digits 0-9" in err and "sets it" in err, err
+    monkeypatch.setenv(name, env[name].replace(env[name].split(":")[-1], "2"))
+    assert slurm.read_allocation()[2:] == ((2, 0) if name == "SLURM_NTASKS" else (2, 2))
+
+
+def test_slurm_launcher_flags_take_ascii_digits_only(capsys):
+    with pytest.raises(SystemExit) as e:
+        slurm.parse_args(["--num_learners=٢"])
+    assert e.value.code == 2
+    assert "argument --num_learners: '٢' is not an integer; write ASCII digits 0-9" in capsys.readouterr().err

@@ -4,10 +4,12 @@ round-robin."""
 import os
 import subprocess
 import sys
+import unicodedata
 import uuid
 
 import pytest
 
+import sshd_fixture
 from cluster import workers_csv
 from cluster.workers_csv import WorkersCsvError
 
@@ -33,6 +35,9 @@ MALFORMED = [
     ("port_too_big", [H, L, "actor,127.0.0.1,70000,,,,"], [":3: column 'tf_port': '70000' is not a port"]),
     ("port_empty", [H, L, "actor,127.0.0.1,,,,,"], [":3: column 'tf_port': empty"]),
     ("port_negative", [H, L, "actor,127.0.0.1,-5,,,,"], [":3: column 'tf_port': '-5' is not a port"]),
+    ("port_fullwidth_digits", [H, L, "actor,127.0.0.1,８００２,,,,"],
+     [":3: column 'tf_port': '８００２' is not a port; write an integer in 1..65535 in ASCII digits "
+      "('８' is FULLWIDTH DIGIT EIGHT)"]),
     ("duplicate_address", [H, L, A, "actor,127.0.0.1,8001,,,,"],
      [":4: address 127.0.0.1:8001 is already used on line 2"]),
     ("duplicate_via_localhost", [H, L, "actor,localhost,8001,,,,"],
@@ -160,7 +165,9 @@ def test_password_warns_once_and_is_never_shown(tmp_path):
 
 
 def test_frontend_dry_run_masks_the_password(tmp_path):
-    rows = [H, "learner,127.0.0.1,8001,,22,root,hunter2", "actor,127.0.0.1,8002,,,,"]
+    # free ports: the dry run checks that the learner's is free, and 8001 is any default run's
+    learner, actor = sshd_fixture.free_port(), sshd_fixture.free_port()
+    rows = [H, f"learner,127.0.0.1,{learner},,22,root,hunter2", f"actor,127.0.0.1,{actor},,,,"]
     p = subprocess.run([sys.executable, os.path.join(ROOT, "run_experiment_mm_raw.py"),
                         f"--workers_csv_path={write(tmp_path, rows)}", "--nocheck_flags", "--dry_run",
                         f"--tmux_socket=impala_csvtest_{uuid.uuid4().hex[:8]}",
@@ -211,3 +218,18 @@ def test_sandbox_examples_parse(tmp_path, monkeypatch):
     assert {w.is_local for w in c.learners + c.actors} == {True, False}
     assert all(w.ssh_key_file for w in c.actors if not w.is_local)
     assert c.warnings == []
+
+
+# str.isdigit() passes all three; int() reads '٣٤' as 34 and '８０' as 80 and refuses '¹²' with a traceback
+@pytest.mark.parametrize("value", ["¹²", "٣٤", "８０"])
+@pytest.mark.parametrize("column,row", [("tf_port", "actor,127.0.0.1,{},,,,"),
+                                        ("ssh_port", "actor,10.0.0.7,8002,,{},ubuntu,"),
+                                        ("cuda_visible_devices", "actor,127.0.0.1,8002,{},,,")])
+def test_digits_of_other_scripts_are_no_numbers(tmp_path, column, row, value):
+    path = write(tmp_path, [H, L, row.format(value)])
+    with pytest.raises(WorkersCsvError) as e:
+        workers_csv.load(path, local=LOCAL)
+    problems = str(e.value).splitlines()[1:]
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("  %s:3: column %r: %r is not a " % (path, column, value)), problems
+    assert problems[0].endswith("(%r is %s)" % (value[0], unicodedata.name(value[0]))), problems

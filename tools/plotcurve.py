@@ -38,6 +38,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tools.digits import int_arg  # noqa: E402
 from tools.runlog import is_missing  # noqa: E402
 
 DEFAULT_Y = "return"
@@ -236,7 +237,7 @@ def add_common_arguments(parser):
     parser.add_argument("--source", choices=("auto",) + tuple(FILES), default="auto",
                         help="which file of a run folder: auto (progress.csv, else metrics.csv), or one kind")
     parser.add_argument("-o", "--output", default="fig.png", help="PNG file to write")
-    parser.add_argument("--smooth", type=int, default=1, help="moving-average window over rows")
+    parser.add_argument("--smooth", type=int_arg, default=1, help="moving-average window over rows")
     parser.add_argument("--title", default="")
 
 

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from tools import plotcurve
+from tools.digits import odd_char
 
 DEFAULT_COLUMNS = ("entropy", "grad_norm", "policy_lag", "mean_rho", "baseline_loss")
 DEFAULT_AT = ("10M", "20M", "40M")
@@ -28,9 +29,10 @@ SCORE_COLUMNS = ("mean_return_100", "return")  # the first one a file has, unles
 
 def frame_count(text, flag):
     """'10M' / '2.5M' / '600K' / '40000000' -> frames; a clear error naming the flag otherwise."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text, re.ASCII)  # else \d takes '٣' too
     if not m:
-        raise plotcurve.PlotError(f"{flag} {text!r}: not a frame count (write e.g. 10M, 600K or 40000000)")
+        raise plotcurve.PlotError(f"{flag} {text!r}: not a frame count (write e.g. 10M, 600K or 40000000 in "
+                                  f"ASCII digits){odd_char(text)}")
     return int(round(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6}[m.group(2).lower()]))
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import re
 
+from tools.digits import is_digits, odd_char
 from tools.files import write_json
 
 
@@ -11,13 +12,11 @@ def parse_hidden(text):
     """--hidden "256,256" -> (256, 256); "" -> None (WALL-E's widths from --hid_mult)."""
     if not text.strip():
         return None
-    try:
-        widths = tuple(int(w) for w in text.split(","))
-    except ValueError:
-        widths = ()
-    if not widths or min(widths) < 1:
-        raise ValueError(f"--hidden must be comma-separated positive widths such as 256,256, got {text!r}")
-    return widths
+    items = [w.strip() for w in text.split(",")]  # spaces around the commas, as absl's list flags
+    if not all(is_digits(w) and int(w) > 0 for w in items):  # int() would read '２５６' as 256
+        raise ValueError(f"--hidden must be comma-separated positive widths such as 256,256, got {text!r}"
+                         f"{odd_char(text)}")
+    return tuple(int(w) for w in items)
 
 
 # The run folder: its flags, which --mode=train_w_load and --mode=test start from.
@@ -32,7 +31,7 @@ def run_folder(url):
     """The run folder of --load_model_url: the folder itself, or the one holding a checkpoint
     prefix (<run>/checkpoints/ckpt-N)."""
     url = url.rstrip("/")
-    if re.fullmatch(r"ckpt-\d+", os.path.basename(url)):
+    if re.fullmatch(r"ckpt-[0-9]+", os.path.basename(url)):  # \d would take 'ckpt-٣' too
         return os.path.dirname(os.path.dirname(url))
     return os.path.dirname(url) if os.path.basename(url) == CHECKPOINT_DIR else url
 

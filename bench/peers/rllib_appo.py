@@ -164,8 +164,9 @@ def child(a):
 def ray_processes(tag):
     """Pids of processes whose command line names our private ray temp dir."""
     pids = []
+    # isdigit() alone passes '¹', which int() refuses; tools/digits.py is not importable in the peer's venv
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid():
+        if pid.isascii() and pid.isdigit() and int(pid) != os.getpid():
             try:
                 with open("/proc/%s/cmdline" % pid, "rb") as f:
                     if tag.encode() in f.read():

@@ -96,9 +96,9 @@ def run_one(a, level, contender, seed, logdir, sb3_py):
             code = cluster.wait()
         command = "local_cluster.py --num_actors=%d -- " % IMPALA_ACTORS + " ".join(flags).replace(ROOT + os.sep, "")
     elif contender == "walle":
-        cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), level, "-it", "1000000", "--max_steps",
-               str(a.peer_steps), "-n", "2", "--seed", str(seed), "--logdir", logdir, "--quiet",
-               "--eval_episodes", "0"] + task.walle_flags
+        cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), level] + task.walle_flags + [
+            "-it", "1000000", "--max_steps", str(a.peer_steps), "-n", "2", "--seed", str(seed), "--logdir", logdir,
+            "--quiet", "--eval_episodes", "0"]
         code = subprocess.call(cmd, cwd=ROOT)
         command = " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:])
     else:

@@ -45,10 +45,8 @@ VARIANTS = {
     "kl": ["--loss", "kl", "-b", "1000"],
     "kl_b10000": ["--loss", "kl", "-b", "10000"],
     "clip": ["--loss", "clip", "-b", "2048", "--clip_epochs", "10", "--clip_minibatch", "64"],
-    "zoo": ["--loss", "clip", "--value_fit", "joint", "-b", "512", "--clip_minibatch", "64", "--clip_epochs", "20",
-            "-g", "0.98", "-l", "0.92", "--policy_lr", "2.0633e-05", "--ent_coef", "0.000401762", "--clip", "0.1",
-            "--max_grad_norm", "0.8", "--vf_coef", "0.58096", "--adam_eps", "1e-5", "--norm_reward",
-            "--obs_clip", "10", "--hidden", "256,256", "--activation", "relu", "--log_std_init", "-2"],
+    # rl-zoo's recipe is the file the README's WALL-E command runs, so the two cannot drift apart
+    "zoo": ["@" + os.path.join(ROOT, "configs", "ppo_halfcheetah.args")],
 }
 VARIANT_SAMPLERS = {"zoo": 2}  # -n when not given; 1 otherwise
 CURVE_FIELDS = ["variant", "seed", "iteration", "steps", "time", "return_mean", "return_last10",
@@ -106,9 +104,10 @@ def run_one(a, variant, seed, runs_dir):
     if os.path.isdir(logdir) and not a.keep:
         shutil.rmtree(logdir)
     n = a.num_samplers or VARIANT_SAMPLERS.get(variant, 1)
-    cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5",
-           "-it", "1000000", "--max_steps", str(a.budget), "-n", str(n), "--seed", str(seed), "--logdir", logdir,
-           "--quiet", "--eval_episodes", str(a.eval_episodes)] + VARIANTS[variant]
+    # the variant's flags first: a recipe file's own budget gives way to --budget
+    cmd = [sys.executable, os.path.join(ROOT, "ppo_parallel_main.py"), "HalfCheetah-v5"] + VARIANTS[variant] + [
+        "-it", "1000000", "--max_steps", str(a.budget), "-n", str(n), "--seed", str(seed), "--logdir", logdir,
+        "--quiet", "--eval_episodes", str(a.eval_episodes)]
     print(f"[{variant} seed {seed}] {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     status = subprocess.call(cmd, cwd=ROOT)  # Ctrl-C reaches it too: it stops its samplers

@@ -39,7 +39,7 @@ def make_params(version, seed=0, logvar=-1.0):
 
 def agent_args(**overrides):
     """Parsed flags; a True value is a bare switch (--norm_reward)."""
-    parser = cli.add_arguments(cli.argparse.ArgumentParser(), 1000, 1)
+    parser = cli.make_parser("", 1000, 1)
     return parser.parse_args([ENV] + [f"--{k}" if v is True else f"--{k}={v}" for k, v in overrides.items()])
 
 
@@ -422,7 +422,7 @@ def test_plot_scripts_write_png(trained_runs, tmp_path):
 
 def checked_args(argv):
     """Flags through add_arguments and check_arguments, as the mains do (SystemExit 2 on a bad one)."""
-    parser = cli.add_arguments(cli.argparse.ArgumentParser(), 1000, 1)
+    parser = cli.make_parser("", 1000, 1)
     args = parser.parse_args(argv)
     cli.check_arguments(parser, args)
     return args
@@ -440,6 +440,11 @@ def checked_args(argv):
     (["--adam_eps", "0"], "--adam_eps must be > 0"),
     (["--activation", "gelu"], "invalid choice: 'gelu'"),
     (["--value_fit", "both"], "invalid choice: 'both'"),
+    # int() and float() read these as 34, 256 and 0.99; isdigit() passes '¹²', which int() refuses
+    (["--hidden", "64,¹²"], "got '64,¹²' ('¹' is SUPERSCRIPT ONE)"),
+    (["--hidden", "２５６,２５６"], "got '２５６,２５６' ('２' is FULLWIDTH DIGIT TWO)"),
+    (["-b", "٣٤"], "argument -b/--batch_size: '٣٤' is not an integer; write ASCII digits 0-9"),
+    (["--gamma", "０.９９"], "argument -g/--gamma: '０.９９' is not a number; write ASCII digits 0-9"),
 ])
 def test_new_flags_get_one_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -465,7 +470,8 @@ def load_bench():
 
 
 def test_bench_zoo_variant_is_the_rl_zoo_recipe():
-    """rl-baselines3-zoo hyperparams/ppo.yml, HalfCheetah-v3/v4, in our flags (bench/ppo_halfcheetah.py)."""
+    """rl-baselines3-zoo hyperparams/ppo.yml, HalfCheetah-v3/v4, in our flags: configs/ppo_halfcheetah.args,
+    which bench/ppo_halfcheetah.py's zoo variant and the README's WALL-E command read."""
     bench = load_bench()
     args = checked_args([ENV, "-n", str(bench.VARIANT_SAMPLERS["zoo"])] + bench.VARIANTS["zoo"])
     got = {k: getattr(args, k) for k in ("batch_size", "num_samplers", "loss", "value_fit", "clip_minibatch",
@@ -477,6 +483,7 @@ def test_bench_zoo_variant_is_the_rl_zoo_recipe():
                    "clip": 0.1, "max_grad_norm": 0.8, "vf_coef": 0.58096, "adam_eps": 1e-5, "target_kl": 0.0,
                    "hidden": "256,256", "activation": "relu", "log_std_init": -2.0, "norm_reward": True,
                    "obs_clip": 10.0}
+    assert (args.max_steps, args.iterations) == (1_000_000, 100_000)  # the recipe's budget: 1M steps
 
 
 def test_bad_flags_get_one_clear_error():

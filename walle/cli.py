@@ -9,6 +9,7 @@ import argparse
 import sys
 
 import envs
+from tools.digits import float_arg, int_arg
 from walle import config
 from walle import samplers as samplers_lib
 from walle.config import parse_hidden
@@ -28,18 +29,19 @@ def add_arguments(parser, default_batch_size, default_num_samplers):
 
 
 def _add_run_arguments(group, default_batch_size, default_num_samplers):
-    group.add_argument("-it", "--iterations", type=int, default=1000, help="training iterations")
-    group.add_argument("-b", "--batch_size", type=int, default=default_batch_size,
+    group.add_argument("-it", "--iterations", type=int_arg, default=1000, help="training iterations")
+    group.add_argument("-b", "--batch_size", type=int_arg, default=default_batch_size,
                        help="env steps collected per iteration, over all samplers together")
-    group.add_argument("-n", "--num_samplers", type=int, default=default_num_samplers,
+    group.add_argument("-n", "--num_samplers", type=int_arg, default=default_num_samplers,
                        help="1: the agent collects itself; N >= 2: N sampler processes")
-    group.add_argument("--max_steps", type=int, default=0, help="collect at most this many env steps in all (0: no limit)")
-    group.add_argument("--seed", type=int, default=0, help="sampler k uses seed + k")
+    group.add_argument("--max_steps", type=int_arg, default=0,
+                       help="collect at most this many env steps in all (0: no limit)")
+    group.add_argument("--seed", type=int_arg, default=0, help="sampler k uses seed + k")
     group.add_argument("--logdir", default="", help="run folder (default results/ppo_<env>_<unix time>)")
-    group.add_argument("--sampler_timeout", type=float, default=600.0,
+    group.add_argument("--sampler_timeout", type=float_arg, default=600.0,
                        help="seconds without a message before a live sampler counts as stuck")
     group.add_argument("--quiet", action="store_true", help="no per-iteration console line")
-    group.add_argument("--eval_episodes", type=int, default=0,
+    group.add_argument("--eval_episodes", type=int_arg, default=0,
                        help="after training, this many episodes with the policy's mean action "
                             "(no noise), written to <logdir>/eval.json (0: none)")
 
@@ -51,28 +53,29 @@ def _add_checkpoint_arguments(group):
                             "run); test: --eval_episodes (10 if 0) with its policy -> test_results.json")
     group.add_argument("--load_model_url", default="",
                        help="a run folder (its newest checkpoint) or <run>/checkpoints/ckpt-N")
-    group.add_argument("--checkpoint_every_s", type=float, default=600.0,
+    group.add_argument("--checkpoint_every_s", type=float_arg, default=600.0,
                        help="seconds between checkpoints (0: only at the end, at Ctrl-C and when a sampler "
                             "fails; those always)")
 
 
 def _add_update_arguments(group):
-    group.add_argument("-g", "--gamma", type=float, default=0.995)
-    group.add_argument("-l", "--lam", type=float, default=0.98, help="GAE lambda")
+    group.add_argument("-g", "--gamma", type=float_arg, default=0.995)
+    group.add_argument("-l", "--lam", type=float_arg, default=0.98, help="GAE lambda")
     group.add_argument("--loss", choices=("kl", "clip"), default="kl",
                        help="kl: WALL-E's adaptive KL penalty + hinge; clip: clipped surrogate")
-    group.add_argument("-k", "--kl_targ", type=float, default=0.003, help="KL target (--loss kl)")
-    group.add_argument("--policy_epochs", type=int, default=20, help="full-batch steps at most (--loss kl)")
-    group.add_argument("--clip", type=float, default=0.2, help="ratio clip epsilon (--loss clip)")
-    group.add_argument("--clip_epochs", type=int, default=10, help="passes over the batch (--loss clip)")
-    group.add_argument("--clip_minibatch", type=int, default=64, help="minibatch size (--loss clip)")
-    group.add_argument("--target_kl", type=float, default=0.0, help="stop passes above this KL (--loss clip; 0: off)")
-    group.add_argument("--ent_coef", type=float, default=0.0, help="entropy bonus (--loss clip)")
-    group.add_argument("--max_grad_norm", type=float, default=0.5, help="gradient clipping (--loss clip)")
-    group.add_argument("--policy_lr", type=float, default=0.0,
+    group.add_argument("-k", "--kl_targ", type=float_arg, default=0.003, help="KL target (--loss kl)")
+    group.add_argument("--policy_epochs", type=int_arg, default=20, help="full-batch steps at most (--loss kl)")
+    group.add_argument("--clip", type=float_arg, default=0.2, help="ratio clip epsilon (--loss clip)")
+    group.add_argument("--clip_epochs", type=int_arg, default=10, help="passes over the batch (--loss clip)")
+    group.add_argument("--clip_minibatch", type=int_arg, default=64, help="minibatch size (--loss clip)")
+    group.add_argument("--target_kl", type=float_arg, default=0.0,
+                       help="stop passes above this KL (--loss clip; 0: off)")
+    group.add_argument("--ent_coef", type=float_arg, default=0.0, help="entropy bonus (--loss clip)")
+    group.add_argument("--max_grad_norm", type=float_arg, default=0.5, help="gradient clipping (--loss clip)")
+    group.add_argument("--policy_lr", type=float_arg, default=0.0,
                        help="0: 9e-4 / sqrt(hid2) for --loss kl, 3e-4 for --loss clip")
-    group.add_argument("--value_lr", type=float, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
-    group.add_argument("--value_epochs", type=int, default=10)
+    group.add_argument("--value_lr", type=float_arg, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
+    group.add_argument("--value_epochs", type=int_arg, default=10)
     group.add_argument("--norm_reward", action="store_true",
                        help="rewards / running std of the discounted return, clipped as SB3's VecNormalize "
                             "clips them, instead of rewards * (1 - gamma)")
@@ -80,19 +83,20 @@ def _add_update_arguments(group):
                        help="separate: --value_epochs of regression after the policy update; joint (--loss clip): "
                             "SB3's update, one Adam on policy + vf_coef * value loss, per-minibatch advantages "
                             f"(rl-zoo's HalfCheetah recipe uses it: {HALFCHEETAH_RESULTS})")
-    group.add_argument("--vf_coef", type=float, default=0.5, help="value loss weight (--value_fit joint)")
-    group.add_argument("--adam_eps", type=float, default=1e-8, help="epsilon of every Adam (SB3 uses 1e-5)")
+    group.add_argument("--vf_coef", type=float_arg, default=0.5, help="value loss weight (--value_fit joint)")
+    group.add_argument("--adam_eps", type=float_arg, default=1e-8, help="epsilon of every Adam (SB3 uses 1e-5)")
 
 
 def _add_net_arguments(group):
-    group.add_argument("--hid_mult", type=int, default=10, help="hidden width multiplier")
-    group.add_argument("--init_logvar", type=float, default=-1.0, help="initial policy log-variance (WALL-E's nets)")
+    group.add_argument("--hid_mult", type=int_arg, default=10, help="hidden width multiplier")
+    group.add_argument("--init_logvar", type=float_arg, default=-1.0,
+                       help="initial policy log-variance (WALL-E's nets)")
     group.add_argument("--hidden", default="", help="hidden widths of both nets, e.g. 256,256: SB3's MlpPolicy "
                        "(torch-default init, --log_std_init); empty: WALL-E's widths from --hid_mult")
     group.add_argument("--activation", choices=("tanh", "relu"), default="tanh", help="hidden nonlinearity")
-    group.add_argument("--log_std_init", type=float, default=None,
+    group.add_argument("--log_std_init", type=float_arg, default=None,
                        help="initial policy log-std, a plain variable (--hidden only; unset: 0.0)")
-    group.add_argument("--obs_clip", type=float, default=samplers_lib.OBS_CLIP,
+    group.add_argument("--obs_clip", type=float_arg, default=samplers_lib.OBS_CLIP,
                        help="normalised observations are clipped to +-this")
 
 
@@ -155,8 +159,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 def main(argv, description, default_batch_size, default_num_samplers, allow_num_samplers=True):
     """Parses and checks the flags, then trains; returns the process exit status."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
-    add_arguments(parser, default_batch_size, default_num_samplers)
+    parser = make_parser(description, default_batch_size, default_num_samplers)
     args = with_saved_flags(parser, argv, parser.parse_args(argv))
     if not allow_num_samplers and args.num_samplers != 1:
         parser.error("ppo_main.py runs one process (-n 1); use ppo_parallel_main.py for -n N")
@@ -168,6 +171,20 @@ def main(argv, description, default_batch_size, default_num_samplers, allow_num_
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def make_parser(description, default_batch_size, default_num_samplers):
+    """The mains' parser. @FILE reads flags from a file, so a tested recipe
+    (configs/ppo_halfcheetah.args) is one word on the command line, as IMPALA's --flagfile is."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter,
+                                     fromfile_prefix_chars="@")
+    parser.convert_arg_line_to_args = _recipe_line
+    return add_arguments(parser, default_batch_size, default_num_samplers)
+
+
+def _recipe_line(line):
+    """A recipe file's line: flags and their values split on spaces; '#' starts a comment."""
+    return line.split("#", 1)[0].split()
 
 
 def with_saved_flags(parser, argv, args):

@@ -334,19 +334,19 @@ def table(runs, frames):
     lines += mixed_machines(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     lines += chosen_precisions(runs, lambda r: "%s seed %d" % (r["game"], r["seed"]))
     if unpublished:
-        lines += ["", "No published PPO score at 40M frames in ../shared/anchors.md for %s: left out of the median."
+        lines += ["", "No published PPO score at 40M frames (baselines, CleanRL) for %s: left out of the median."
                   % ", ".join(sorted(unpublished))]
     return lines
 
 
-# The games of issue 25's five-game median, the PPO paper's Atari set that CleanRL's docs tabulate.
+# The five games of the PPO paper's Atari set that CleanRL's docs tabulate; their median is the suite's figure.
 FIVE = ("BeamRider", "Breakout", "Qbert", "Seaquest", "SpaceInvaders")
 
 
 def across_machines(results_root, frames):
     """The Markdown lines of the five games' standing over every machine's atari.csv under
     results_root. A 40M-frame run takes a 2-core machine more than two hours, so the five come
-    from sessions on different machines: each row names its machine, and the median counts each
+    from runs on different machines: each row names its machine, and the median counts each
     game once (the mean of its runs that reached `frames`), naming the games not there yet."""
     lines = ["| game | machine | seed | frames | score | HNS ours / baselines | training time | frames/s "
              "| beyond the recipe |", "|---" * 9 + "|"]
@@ -385,8 +385,34 @@ def write_five(results_root, frames):
              "Score: mean of the last 100 whole-game training returns at the run's last row at or before 40M "
              "frames (as the published scores, no frame past the budget); each machine's own table, with curves "
              "and the commands, is its atari.md.", ""]
-    lines += across_machines(results_root, frames) + ["", "Date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
+    lines += across_machines(results_root, frames) + ["", "![the five games' curves](atari_five.png)", "",
+                                                      "Date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())]
     common.write_lines(os.path.join(results_root, "atari_five.md"), lines)
+    plot_five(results_root, frames)
+
+
+def plot_five(results_root, frames):
+    """<results_root>/atari_five.png: one panel per game of FIVE, a line per machine and seed from the
+    metrics copies the machines' folders keep (KEPT_METRICS), beside baselines PPO's score at 40M."""
+    fig, axes = common.subplots(1, len(FIVE), figsize=(3.0 * len(FIVE), 2.6))
+    for ax, game in zip(axes, FIVE):
+        for machine in sorted(os.listdir(results_root)):
+            for seed in range(1, 10):
+                rows = common.read_csv(os.path.join(results_root, machine, KEPT_METRICS % (game, seed)))
+                if rows:
+                    f, _, score = curve(rows)
+                    ax.plot(f / 1e6, score, lw=1, color="C%d" % (seed - 1), label="seed %d" % seed)
+        base = atari_scores.published(game)[0]
+        if base is not None:
+            ax.axhline(base, color="k", ls="--", lw=1, label="baselines PPO")
+        ax.set_title(game, fontsize=10)
+        ax.set_xlim(0, frames / 1e6)
+        ax.set_xlabel("frames (M)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean of the last 100 games", fontsize=8)
+    axes[-1].legend(fontsize=6, loc="lower right")
+    common.save_figure(fig, os.path.join(results_root, "atari_five.png"))
 
 
 def plot(level, runs, frames, out):
@@ -464,7 +490,7 @@ def report(a, out):
         write_five(os.path.dirname(out), a.frames)
     return ["# Atari at %s frames, %s, %d cores" % ("{:,}".format(a.frames), RECIPE, os.cpu_count()), "",
             "Score: mean of the last 100 whole-game training returns. HNS: human-normalised score. Published "
-            "figures: ../shared/anchors.md (CleanRL's docs). Training time counts from the learner being ready; "
+            "figures: OpenAI baselines' and CleanRL's PPO at 40M frames (CleanRL's docs). Training time counts from the learner being ready; "
             "a resumed run's time leaves out the stop.", ""] + table(runs, a.frames) + [
         "", command("atari", a, runs)]
 

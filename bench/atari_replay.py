@@ -19,8 +19,8 @@ or left alone when done, as the Atari suite's runs are (bench/atari.py). A resum
 replay buffers that refill from the actors' unrolls: replay draws start again once a buffer holds a
 batch, and it is full after 1,000 new unrolls (about 128K env frames, 1.3 % of a 10M-frame run).
 --checkpoint_replay would carry the buffer over, at the cost of a buffer file of several MB
-(docs/replay.md) in every cut run's folder, which is committed to move the run to the next
-session; the suite leaves it off. Writes <out>/atari_replay.md,
+(docs/replay.md) in every cut run's folder, which is committed to move the run to another
+machine; the suite leaves it off. Writes <out>/atari_replay.md,
 atari_replay.csv and one figure per game with every variant's curve (atari_replay_<Game>.png), and
 keeps each run's metrics.csv beside them, so that runs made in other checkouts stay in the table
 (atari_replay_<Game>_<variant>_seed<N>_metrics.csv; bench/atari.py's doc says why). Where <out> is
@@ -163,7 +163,7 @@ def plot(game, runs, frames, path):
 def across_machines(results_root, frames):
     """Every machine folder's runs under results_root (collect), each with the folder's name: one
     variant's 10M-frame run takes a 2-core machine 30-190 minutes, so a game's seeds come from
-    sessions on different machines. Returns (all of them, those the verdict pools: at `frames`,
+    runs on different machines. Returns (all of them, those the verdict pools: at `frames`,
     with no flag beyond the recipe's but the precision, which changes speed and not the recipe)."""
     runs = []
     for name in sorted(os.listdir(results_root)):

@@ -1,10 +1,10 @@
 """The published Atari figures the suites compare with: the PPO scores at 40M frames for the games
-../shared/anchors.md lists, and the random and human scores of the 57 games, from which the
+CleanRL's docs tabulate (https://docs.cleanrl.dev/rl-algorithms/ppo/), and the random and human scores of the 57 games, from which the
 human-normalised score comes. Games are named as in their gymnasium ids (BreakoutNoFrameskip-v4 ->
 Breakout)."""
 
 # Mean of the last 100 training games at 40M frames under the standard protocol: OpenAI baselines'
-# PPO and CleanRL's PPO, as CleanRL's docs tabulate them (../shared/anchors.md).
+# PPO and CleanRL's PPO, as CleanRL's docs tabulate them.
 PPO_40M = {  # game: (baselines PPO, CleanRL PPO)
     "Breakout": (388.9, 431.8),
     "BeamRider": (2740.0, 2447.8),

@@ -1,6 +1,6 @@
 """Frames/s against the number of actor processes on one machine with many cores: the two env
 ceilings of all its cores, then our IMPALA end to end (1 learner on the CPU, native env backend)
-for each actor count, with where the CPU went in each run. For the lent 16-core machine, or
+for each actor count, with where the CPU went in each run. For a 16-core host, or
 any host bigger than the 2-core development one.
 
   .venv/bin/python bench/many_cores.py --actor_counts 1 2 4 8 14 --seconds 30

@@ -212,7 +212,7 @@ def spread(xs):
 
 
 # ------------------------------------------------------------------ suites
-# Our throughput configuration: 84x84 frames, the design card's net, IMPALA's single pass per batch.
+# Our throughput configuration: 84x84 frames, the original project's net, IMPALA's single pass per batch.
 # Actors: the native vector env (the default backend for Atari), 64 envs each in one group: on 2
 # cores three actor processes already overlap env stepping and inference with each other, and an
 # inference batch of 64 costs less per frame than two of 32 (actor_layout.md: 1.15-1.25x over

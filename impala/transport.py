@@ -336,7 +336,7 @@ NOT_PUBLISHED = "learner has not published weights yet"
 
 
 class ActorClient:
-    """The actor's end: a gRPC client session on the learner's server."""
+    """The actor's end: a gRPC client session to the learner's server."""
 
     def __init__(self, learner_address: str, spec: UnrollSpec, capacity: int, batch_size: int):
         self.target = "grpc://" + learner_address
@@ -347,7 +347,7 @@ class ActorClient:
         self.last_error = None  # why the last connection attempt failed, for messages
 
     def connect(self, timeout_s: float, should_stop=lambda: False, log=print):
-        """Opens a session and waits until the learner has published weights.
+        """Opens a TF session and waits until the learner has published weights.
 
         Retries with backoff (0.2 s, growing 1.5x to at most 2 s: a learner that comes up
         is found within 2 s, and a retry is one small gRPC call) until `timeout_s` have
@@ -382,7 +382,7 @@ class ActorClient:
         return False
 
     def reset(self):
-        """Drops the session. Closing a session whose server is gone can block in
+        """Drops the session. Closing a TF session whose server is gone can block in
         gRPC for a long time, so the close runs in a daemon thread given 1 s."""
         sess, self.sess = self.sess, None
         if sess is not None:

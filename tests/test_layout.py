@@ -1,6 +1,6 @@
 """The layout's rules, read from the code itself (its imports and definitions): dependencies point
 one way between the packages, no function a reader has to scroll through, the top level holds only
-what a user runs or the design card names."""
+what a user runs (the original project's script names among them)."""
 import ast
 import os
 import re

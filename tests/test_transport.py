@@ -293,7 +293,7 @@ def test_weights_and_their_version_are_read_together():
 
 
 class _AnswerLost:
-    """A session with one fault injected: the first run of `faulty` goes through, then its
+    """A TensorFlow session with one fault injected: the first run of `faulty` goes through, then its
     answer is lost and the retry refused ("The same RunGraph request was received twice")."""
 
     def __init__(self, sess, faulty):

@@ -90,3 +90,49 @@ def test_every_results_section_names_a_command():
             if not re.search(r"`[^`]+`|in the file|same run|same|above", command):
                 missing.append("docs/results.md:%d %s" % (i, line[:100]))
     assert not missing, "\n".join(missing)
+
+
+COMMAND = re.compile(r"^    (\.venv/bin/|\./|python |mpirun |sbatch |squeue|docker|tmux |[A-Z_]+=\S+ )")
+TESTED_BY = re.compile(r"not tested here|tests/(test_\w+\.py)")
+
+
+def command_blocks(page):
+    """(line number, the block's commands, the text that may label it: the paragraph before the
+    block and the block's own comments) for each indented code block of commands."""
+    lines = open(os.path.join(ROOT, page)).read().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if COMMAND.match(lines[i]) and (i == 0 or not lines[i - 1].startswith("    ")):
+            start, j = i, i
+            while j < len(lines) and (lines[j].startswith("    ") or not lines[j].strip()):
+                j += 1
+            before, k = [], start - 1
+            while k >= 0 and not lines[k].strip():
+                k -= 1
+            while k >= 0 and lines[k].strip() and not lines[k].startswith("    "):
+                before.insert(0, lines[k])
+                k -= 1
+            body = [x for x in lines[start:j] if x.strip()]
+            blocks.append((start + 1, body, " ".join(before + body)))
+            i = j
+        else:
+            i += 1
+    return blocks
+
+
+def test_every_command_shown_is_tested_or_says_it_is_not():
+    """A command a page shows is run as written by the test it names (tests/test_x.py, beside it),
+    or the page says it is not tested here; the README's own commands are tests/test_readme.py's."""
+    from tests import test_readme
+    readme = set(test_readme.HERE) | set(test_readme.ELSEWHERE)
+    unlabelled = []
+    for page in _tracked("docs/*.md", "sandbox/README.md"):
+        for line, body, label in command_blocks(page):
+            if all(re.sub(r"\s+#.*$", "", b.strip()) in readme for b in body):
+                continue
+            named = TESTED_BY.findall(label)
+            missing = [t for t in named if t and not os.path.exists(os.path.join(ROOT, "tests", t))]
+            if not TESTED_BY.search(label) or missing:
+                unlabelled.append("%s:%d %s%s" % (page, line, body[0].strip()[:80],
+                                                  " (no such test: %s)" % missing if missing else ""))
+    assert not unlabelled, "\n".join(unlabelled)

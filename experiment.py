@@ -42,8 +42,15 @@ flags.DEFINE_bool("render", False, "--mode=test: also write the episodes as an a
                   "(test_episodes.gif in the run folder; every 2nd frame, at most 2000).")
 flags.DEFINE_enum("job_name", "learner", ["learner", "actor", "evaluator"],
                   "Which worker this process is. evaluator: the test worker, which plays the "
-                  "current policy greedily every --test_every_s (eval.csv, TensorBoard eval/).")
+                  "current policy (--eval_policy) every --test_every_s (eval.csv, TensorBoard eval/).")
 flags.DEFINE_float("test_every_s", 60.0, "Seconds between the evaluator's rounds.")
+flags.DEFINE_enum("eval_policy", "auto", ["auto", "sample", "greedy"], "How the evaluator and --mode=test act: "
+                  "sample (as the actors do) or greedy (the argmax, a Gaussian's mean); auto: sample on Atari, "
+                  "where an argmax that never presses FIRE after a lost life stands still, greedy elsewhere.")
+flags.DEFINE_integer("eval_stall_frames", 18000, "The evaluator and --mode=test end an episode with no reward and "
+                     "no lost life for this many frames (5 minutes of an Atari game), warn, and mark it capped "
+                     "in the results; 0: never.")
+flags.register_validator("eval_stall_frames", lambda v: v is not None and v >= 0, message="must be >= 0 (0 = off)")
 flags.DEFINE_integer("task", 0, "Actor index into --actor_hosts (actors only).")
 flags.DEFINE_list("learner_hosts", ["127.0.0.1:8001"], "host:port of each learner rank's server, the same "
                   "list for every worker: rank r serves entry r, actor i feeds entry i mod K.")
@@ -72,10 +79,27 @@ flags.DEFINE_list("mlp_hidden", ["64", "64"], "Widths of the MLP agents' hidden 
                   "the baseline's torsos); configs/mujoco.flags uses 256,256.")
 flags.DEFINE_enum("mlp_activation", "tanh", ["tanh", "relu"], "Nonlinearity of the MLP agents' hidden layers.")
 flags.DEFINE_float("initial_log_std", 0.0, "Continuous actions: where the Gaussian head's log standard deviation "
-                   "(one trainable value per action dimension) starts; -2 is rl-baselines3-zoo's for MuJoCo.")
+                   "(one trainable value per action dimension) starts, from --min_log_std to 2; -2 is "
+                   "rl-baselines3-zoo's for MuJoCo.")
 flags.DEFINE_float("min_log_std", -5.0, "Continuous actions: a floor under that log standard deviation, so that "
                    "the policy keeps exploring and the actors' older actions stay probable under the learner's "
                    "policy; -5 (a std of 0.007) only keeps the arithmetic finite.")
+
+
+def _log_std_ok(d):
+    """The Gaussian's range, as nets/distributions.py checks it (LOG_STD_MIN, LOG_STD_MAX = -5, 2), said at
+    parsing: TensorFlow, which that module imports, must wait for --onednn."""
+    floor, start = d["min_log_std"], d["initial_log_std"]
+    if not -5.0 <= floor < 2.0:
+        raise flags.ValidationError("--min_log_std=%g: give a floor from -5 (a std of 0.007) to below 2" % floor)
+    if not floor <= start <= 2.0:
+        raise flags.ValidationError("--initial_log_std=%g: give a start from the floor --min_log_std=%g to the "
+                                    "ceiling 2 (a std of 7.4)" % (start, floor))
+    return True
+
+
+flags.register_multi_flags_validator(["initial_log_std", "min_log_std"], _log_std_ok)
+
 flags.DEFINE_integer("envs_per_actor", 4, "Environments stepped by each actor process, batched "
                      "through the policy.")
 
@@ -219,9 +243,11 @@ flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreacha
 FLAGS = flags.FLAGS
 strict_number_flags(FLAGS)  # absl's int() and float() would read --batch_size=３２ as 32
 
-# Flags that describe the run (saved to options.json, restored by train_w_load).
-RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "agent_name", "mlp_hidden",
-             "mlp_activation", "initial_log_std", "min_log_std", "envs_per_actor",
+# Flags that describe the run (saved to options.json, restored by train_w_load and --mode=test), every
+# flag that changes what the policy sees among them (--env_backend: the two backends reset and stack
+# frames differently, envs/batch.py). A flag an older options.json lacks keeps its default.
+RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "env_backend", "agent_name",
+             "mlp_hidden", "mlp_activation", "initial_log_std", "min_log_std", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "action_bound_cost", "discounting", "reward_clipping",
              "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",
@@ -473,6 +499,7 @@ def learner_placement(rank, size, hvd):
 
 def run_learner(reward_clipping_line=None):
     from impala import devices
+    from impala import learner as learner_lib
     from impala import training
     rank, size, local_rank, hvd = learner_rank()
     # before the learner's first TensorFlow op: its threads, and its GPU, if one is visible
@@ -487,8 +514,11 @@ def run_learner(reward_clipping_line=None):
     logdir = logdir or default_logdir()
     if rank == 0:
         save_options(logdir)
-    return training.train(FLAGS, logdir, address, len(actor_ids), rank=rank, size=size, log=log,
-                          actor_ids=actor_ids)
+    try:
+        return training.train(FLAGS, logdir, address, len(actor_ids), rank=rank, size=size, log=log,
+                              actor_ids=actor_ids)
+    except learner_lib.CheckpointMismatch as e:  # --mode=train_w_load's restore
+        raise UsageError(str(e))
 
 
 def run_actor():
@@ -518,7 +548,10 @@ def run_test():
                                            normalize_observations=FLAGS.normalize_observations,
                                            normalize_returns=FLAGS.normalize_returns,
                                            net=agent_lib.net_options(FLAGS))
-    prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
+    try:
+        prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
+    except learner_lib.CheckpointMismatch as e:
+        raise UsageError(str(e))
     # the env the actors step (--env_backend), so the policy sees the observations it was trained on
     env = evaluator.EvalEnv(FLAGS.level_name, FLAGS.env_backend, FLAGS.seed + 12345,
                             agent_lib.frame_size_of(FLAGS), render=FLAGS.render)
@@ -531,26 +564,25 @@ def run_test():
             raise UsageError("--render: %s cannot render on this machine (%s: %s)"
                              % (FLAGS.level_name, type(e).__name__, str(e).splitlines()[0][:200]))
 
-    @tf.function
-    def sample(o, f, s):  # the policy as trained: actions sampled from it
-        out, s = agent(o, f, s)
-        return out.action, s
+    kind = evaluator.policy_kind(FLAGS.eval_policy, FLAGS.level_name)
+    act = evaluator.make_policy(agent, kind)
 
     def policy(o, f, s):
         if FLAGS.render and len(frames) < 4000:
             frames.append(env.render())
-        return sample(o, f, s)
+        return act(o, f, s)
 
     start = time.time()
-    returns, lengths = evaluator.play_episodes(
-        policy, agent, env, FLAGS.test_num_episodes,
+    returns, lengths, capped = evaluator.play_episodes(
+        policy, agent, env, FLAGS.test_num_episodes, stall_frames=FLAGS.eval_stall_frames,
+        log=lambda line: log("[test] " + line),
         on_episode=lambda rs, ls: log("[test] episode %d/%d: return %.1f, length %d"
                                       % (len(rs), FLAGS.test_num_episodes, rs[-1], ls[-1])))
     env.close()
     result = {"checkpoint": prefix, "level_name": FLAGS.level_name, "env_backend": env.backend,
-              "episodes": len(returns), "mean_return": float(np.mean(returns)),
+              "eval_policy": kind, "episodes": len(returns), "mean_return": float(np.mean(returns)),
               "std_return": float(np.std(returns)), "mean_length": float(np.mean(lengths)),
-              "seconds": time.time() - start}
+              "capped_episodes": [i + 1 for i, c in enumerate(capped) if c], "seconds": time.time() - start}
     log("[test] %s: mean return %.2f +- %.2f over %d episodes (checkpoint %s)"
         % (FLAGS.level_name, result["mean_return"], result["std_return"], len(returns), prefix))
     run_dir = source if os.path.isdir(source) else os.path.dirname(os.path.dirname(prefix))

@@ -132,6 +132,7 @@ class PythonBatch:
         self._remade = np.zeros(num_envs, np.int64)  # how often each env was made anew: its seeds
         self._in_a_row = 0
         self._reported = set()  # envs whose first crash was logged
+        self._reset_episode = [None] * num_envs  # a game's statistics that a reset() reported (recv)
 
     def reset(self, obs_out):
         for i, env in enumerate(self.envs):
@@ -161,7 +162,11 @@ class PythonBatch:
                 final_obs[i], cut[i] = o, True
             if terminated or truncated:
                 o = self._reset_after_episode(i)
+            # A game can end inside the reset's own steps (FireReset's FIRE and UP after a lost life);
+            # the reset reports it, here, or on the next step when this one ended a game itself.
             ep = info.get("episode")
+            if ep is None:
+                ep, self._reset_episode[i] = self._reset_episode[i], None
             if ep is not None:
                 ended[i], ret[i], length[i] = True, float(np.asarray(ep["r"])), int(np.asarray(ep["l"]))
             obs_out[i] = o
@@ -171,7 +176,10 @@ class PythonBatch:
 
     def _reset_after_episode(self, i):
         try:
-            return self.envs[i].reset()[0]
+            o, info = self.envs[i].reset()
+            if "episode" in info:
+                self._reset_episode[i] = info["episode"]
+            return o
         except Exception as e:
             self._crashed(i, "reset", e)
             return self._remake(i)

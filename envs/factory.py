@@ -12,6 +12,8 @@ Two kinds of ids are supported:
     -> EpisodicLife        training only: a lost life ends the episode and
                            the game goes on at the next reset()
     -> FireReset           presses FIRE after reset in games that wait for it
+                           (and so after each lost life in training); in
+                           evaluation FireAfterLifeLoss presses it there
     -> FrameStack          the last 4 frames, uint8 HWC [84, 84, 4]
 
   Rewards are NOT clipped here: the loss clips them.
@@ -240,6 +242,33 @@ class FireReset(gym.Wrapper):
         return obs, dict(info, **finished_game)
 
 
+class FireAfterLifeLoss(gym.Wrapper):
+    """Evaluation's FIRE after a lost life, which training gets from EpisodicLife's reset and FireReset:
+    on the step that loses a life (not the last) it presses FIRE then UP, so a game that waits for
+    FIRE after each life (Breakout) goes on as in training, and a policy that seldom presses FIRE
+    cannot stand still until the frame limit. Their rewards count in the step's."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self._lives = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lost_life = 0 < self.env.unwrapped.ale.lives() < self._lives
+        for fire in (1, 2):  # FIRE, UP (as FireReset)
+            if not lost_life or terminated or truncated:
+                break
+            obs, more, terminated, truncated, info = self.env.step(fire)  # info: the game's stats if it ended
+            reward += more
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, reward, terminated, truncated, info
+
+
 def needs_fire(env):
     meanings = env.unwrapped.get_action_meanings()
     return len(meanings) >= 3 and meanings[1] == "FIRE"
@@ -300,7 +329,7 @@ def _make_atari(env_id, training, render_mode=None, frame_size=FRAME_SIZE, max_e
     if training:
         env = EpisodicLife(env)
     if needs_fire(env):
-        env = FireReset(env)
+        env = FireReset(env) if training else FireReset(FireAfterLifeLoss(env))
     return FrameStack(env, FRAME_STACK)
 
 

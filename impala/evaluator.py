@@ -1,8 +1,16 @@
-"""Evaluation apart from training: the evaluator worker (--job_name=evaluator) plays greedy episodes
-with the newest published weights at intervals, and `play_episodes` plays whole episodes with one
-env (`EvalEnv`) for it and for --mode=test."""
+"""Evaluation apart from training: the evaluator worker (--job_name=evaluator) plays episodes with the
+newest published weights at intervals, and `play_episodes` plays whole episodes with one env
+(`EvalEnv`) for it and for --mode=test, with the policy --eval_policy names (`policy_kind`).
+
+Every episode finishes: one that stalls -- no reward and no lost life for --eval_stall_frames -- is
+ended there (a new game follows), as is an Atari game at ALE's frame limit; either is said in a
+warning line and marked `capped` in the results. A greedy Atari policy stalls so: after a lost life
+the native backend presses no FIRE (envs/batch.py), as in training, where the actors' sampled
+actions press it; an argmax that never picks FIRE waits for ever."""
+import math
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -17,8 +25,9 @@ from impala import transport
 from impala.stopping import StopSignal
 from tools.runlog import RunLog
 
-EVAL_COLUMNS = ("time", "policy_version", "episodes", "mean_return", "std_return", "mean_length")
+EVAL_COLUMNS = ("time", "policy_version", "episodes", "mean_return", "std_return", "mean_length", "capped")
 EVAL_TAGS = {"mean_return": "charts/eval_mean_return", "mean_length": "charts/eval_mean_length"}
+POLICIES = ("auto", "sample", "greedy")  # --eval_policy
 
 
 class EvalEnv:
@@ -26,17 +35,38 @@ class EvalEnv:
     --env_backend resolves to for the level (for Atari by default ale-py's native vector env, whose
     new games start with black frames in the stack and press FIRE alone), so a policy is scored on
     the observations it was trained on. training=False: a lost life is no episode boundary; the
-    recurrent state and `first` follow whole games. Games follow one another across calls of
-    play_episodes, each new one started by the env's own seeded randomness.
+    recurrent state and `first` follow whole games. After a lost life the Python backend presses
+    FIRE as its training envs do (envs.factory.FireAfterLifeLoss); the native one presses nothing,
+    in training too. Games follow one another across calls of play_episodes, each new one started
+    by the env's own seeded randomness (restart() abandons one).
     render: render() gives the screen (RGB; for --mode=test's GIF)."""
 
     def __init__(self, level_name, env_backend, seed, frame_size=envs.FRAME_SIZE, render=False):
         spec = envs.env_spec(level_name, frame_size)
+        self.is_atari = spec.is_atari
+        self.frames_per_step = envs.FRAME_SKIP if spec.is_atari else 1  # emulator frames
         self.backend = env_batch.resolve_backend(env_backend, level_name)  # 'native' or 'python'
-        self.batch = env_batch.make_batch(self.backend, level_name, 1, seed, training=False,
-                                          frame_size=frame_size, render=render)
+        self._make = lambda seed: env_batch.make_batch(self.backend, level_name, 1, seed, training=False,
+                                                       frame_size=frame_size, render=render)
+        self._seed, self._restarts = seed, 0
+        self.batch = self._make(seed)
         self.obs = np.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)  # [1, ...]: the observation now
         self.batch.reset(self.obs)
+
+    def restart(self):
+        """Abandons the game under way for a new one, from a seed of its own: a reset of the same
+        batch would reseed the env and replay its first game."""
+        self.batch.close()
+        self._restarts += 1
+        self.batch = self._make(self._seed + 1000 * self._restarts)
+        self.batch.reset(self.obs)
+
+    def lives(self):
+        """The game's lives left (0 where a game has none): losing one is progress (play_episodes)."""
+        if self.backend == "native":
+            return int(self.batch._lives[0])  # NativeAtariBatch follows them from ale-py's info
+        ale = getattr(self.batch.envs[0].unwrapped, "ale", None)
+        return 0 if ale is None else int(ale.lives())
 
     def step(self, action):
         """Plays one agent step; self.obs becomes the next observation (a new game's first one
@@ -51,22 +81,91 @@ class EvalEnv:
         self.batch.close()
 
 
-def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=None):
+class Episodes(NamedTuple):
+    returns: list  # float, each whole episode's (a capped one's so far)
+    lengths: list  # int agent steps
+    capped: list  # bool: ended by the stall cap or ALE's frame limit, not by the game
+
+
+class _Game:
+    """The game under way: its return and length so far and its agent steps since a nonzero reward or
+    a change of lives; stalled() once those reach the cap (never with a cap of 0)."""
+
+    def __init__(self, env, stall_frames):
+        self.env, self.cap = env, math.ceil(stall_frames / env.frames_per_step)
+        self.start()
+
+    def start(self):
+        self.ret, self.length, self.idle, self.lives = 0.0, 0, 0, self.env.lives()
+
+    def stalled(self, result):
+        lives = self.env.lives()
+        self.ret, self.length = self.ret + float(result.reward[0]), self.length + 1
+        self.idle = 0 if result.reward[0] != 0 or lives != self.lives else self.idle + 1
+        self.lives = lives
+        return 0 < self.cap <= self.idle
+
+
+def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=None, stall_frames=18000,
+                  log=print):
     """Plays n whole episodes (games, all lives) with an EvalEnv, from where it stands (a game's
-    start, unless a previous call was stopped inside one).
-    policy(obs[1, ...], first[1], state) -> (action[1], state). Returns (returns, lengths)."""
-    returns, lengths = [], []
-    first, state = True, agent.initial_state(1)
-    while len(returns) < n and not should_stop():
+    start, unless a previous call was stopped inside one), capping stalled ones (module docstring;
+    stall_frames: --eval_stall_frames, 0 = no cap). policy(obs[1, ...], first[1], state) ->
+    (action[1], state). Returns Episodes; log says each capped one."""
+    done, first, state, game = Episodes([], [], []), True, agent.initial_state(1), _Game(env, stall_frames)
+    while len(done.returns) < n and not should_stop():
         action, state = policy(tf.constant(env.obs), tf.constant([first]), state)
         result = env.step(action.numpy()[0])
         first = bool(result.done[0])
+        stalled = game.stalled(result)
         if result.episode_end[0]:
-            returns.append(float(result.episode_return[0]))
-            lengths.append(int(result.episode_length[0]))
-            if on_episode is not None:
-                on_episode(returns, lengths)
-    return returns, lengths
+            cut = env.is_atari and bool(result.cut[0])
+            _record(done, float(result.episode_return[0]), int(result.episode_length[0]),
+                    "the game reached ALE's frame limit" if cut else None, log)
+        elif stalled:
+            _record(done, game.ret, game.length, "no reward and no lost life for %d frames (--eval_stall_frames=%d)"
+                    % (game.idle * env.frames_per_step, stall_frames), log)
+            env.restart()  # a new game
+            first = True
+        else:
+            continue
+        game.start()
+        if on_episode is not None:
+            on_episode(done.returns, done.lengths)
+    return done
+
+
+def _record(done, ret, length, capped_why, log):
+    done.returns.append(ret)
+    done.lengths.append(length)
+    done.capped.append(capped_why is not None)
+    if capped_why is not None:
+        log("warning: episode %d capped after %d steps, return %.1f so far: %s; it is marked capped in the results"
+            % (len(done.returns), length, ret, capped_why))
+
+
+def policy_kind(choice, level_name):
+    """--eval_policy as played: 'sample' (the actions the agent samples, as its actors act) or 'greedy'
+    (the argmax of the logits, a Gaussian's mean). auto: sample on Atari, where an argmax can stand
+    still for good (see the module docstring), greedy elsewhere, where the evaluation curves of the
+    continuous recipes were measured with the mean (rl-baselines3-zoo's enjoy.py chooses so too)."""
+    if choice not in POLICIES:
+        raise ValueError("--eval_policy=%s: choose one of %s" % (choice, ", ".join(POLICIES)))
+    if choice == "auto":
+        return "sample" if envs.is_atari(level_name) else "greedy"
+    return choice
+
+
+def make_policy(agent, kind):
+    """The tf.function policy(obs, first, state) -> (action, state) of a policy_kind."""
+    if kind == "greedy":
+        return greedy_policy(agent)
+
+    @tf.function
+    def sample(o, f, s):
+        out, s = agent(o, f, s)
+        return out.action, s
+    return sample
 
 
 def greedy_policy(agent):
@@ -80,9 +179,9 @@ def greedy_policy(agent):
 
 def run_evaluator(flags, logdir, learner, log=print):
     """The test worker: every --test_every_s it loads the newest published weights
-    of `learner` (host:port of learner 0) and plays --test_num_episodes episodes greedily, recording evaluation
-    returns apart from the training returns: <logdir>/eval.csv and TensorBoard
-    (<logdir>/eval, charts/eval_*). Returns the exit code."""
+    of `learner` (host:port of learner 0) and plays --test_num_episodes episodes with --eval_policy, recording
+    evaluation returns apart from the training returns: <logdir>/eval.csv (`capped`: the round's capped
+    episodes) and TensorBoard (<logdir>/eval, charts/eval_*). Returns the exit code."""
     stop = StopSignal()
     agent, spec, env_spec = agent_lib.build_from_flags(flags)  # the queue's spec, as actors send
     note = precision.resolve(flags, agent, env_spec, 1, train=False)  # it plays one env
@@ -107,7 +206,8 @@ def run_evaluator(flags, logdir, learner, log=print):
 
 def _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, log):
     """Evaluation rounds until a signal or the learner's end; returns how many completed."""
-    greedy, rounds = greedy_policy(agent), 0
+    kind, rounds = policy_kind(flags.eval_policy, flags.level_name), 0
+    policy = make_policy(agent, kind)
     while not stop():
         try:
             new = client.fetch_weights_if_new()
@@ -116,14 +216,17 @@ def _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, 
             break
         if new is not None:
             set_weights(tf.constant(new[1]))
-        returns, lengths = play_episodes(greedy, agent, env, flags.test_num_episodes, stop)
+        returns, lengths, capped = play_episodes(policy, agent, env, flags.test_num_episodes, stop,
+                                                 stall_frames=flags.eval_stall_frames,
+                                                 log=lambda line: log("evaluator: " + line))
         if len(returns) == flags.test_num_episodes:
             rounds += 1
             rows.write({"time": time.time(), "policy_version": client.version, "episodes": len(returns),
                         "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
-                        "mean_length": float(np.mean(lengths))}, step=client.version)
-            log("evaluator: policy version %d: greedy return %.2f +- %.2f over %d episodes"
-                % (client.version, np.mean(returns), np.std(returns), len(returns)))
+                        "mean_length": float(np.mean(lengths)), "capped": sum(capped)}, step=client.version)
+            log("evaluator: policy version %d: %s return %.2f +- %.2f over %d episodes%s"
+                % (client.version, kind, np.mean(returns), np.std(returns), len(returns),
+                   " (%d capped)" % sum(capped) if any(capped) else ""))
         t_next = time.time() + flags.test_every_s
         while time.time() < t_next and not stop():
             time.sleep(0.2)

@@ -363,13 +363,42 @@ def checkpoint_candidates(path):
     return [path] if path else []
 
 
+class CheckpointMismatch(Exception):
+    """A checkpoint that reads but does not fit the agent the flags built. Not a ValueError: the
+    search for a readable checkpoint must not skip it as unreadable and try an older one."""
+
+
+# agent attribute -> the flag that builds it (nets.normalisers)
+NORMALISER_FLAGS = {"obs_normaliser": "normalize_observations", "return_normaliser": "normalize_returns"}
+
+
+def check_normalisers(agent, prefix):
+    """Raises CheckpointMismatch, naming the checkpoint and the flag, when it holds a normaliser's
+    statistics that the agent has no normaliser for, or lacks those of one the agent has: a partial
+    restore (test mode's expect_partial) would drop them, or leave the initial ones, silently, and
+    the policy would see observations standardised unlike in training (or not at all)."""
+    saved = {name.split("/")[1] for name, _ in tf.train.list_variables(prefix)
+             if name.startswith("agent/") and name.split("/")[2:3] == ["mean"]}
+    for attr, flag in NORMALISER_FLAGS.items():
+        built = getattr(agent, attr) is not None
+        if attr in saved and not built:
+            raise CheckpointMismatch("checkpoint %s holds the statistics of agent/%s, but the agent was built "
+                                     "without them (the run's options.json is missing or does not say --%s): "
+                                     "pass --%s" % (prefix, attr, flag, flag))
+        if built and attr not in saved:
+            raise CheckpointMismatch("checkpoint %s has no agent/%s statistics (it was trained without --%s), but "
+                                     "the agent was built with them: pass --no%s" % (prefix, attr, flag, flag))
+
+
 def restore_newest_readable(ckpt, path, full):
     """Restores the newest checkpoint that reads; a corrupt newest one is skipped
     with a warning. `full` requires every saved object to match (training);
-    otherwise only the agent is needed (testing)."""
+    otherwise only the agent is needed (testing). Either way the normalisers must
+    match (check_normalisers)."""
     candidates = checkpoint_candidates(path)
     for prefix in candidates:
         try:
+            check_normalisers(ckpt.agent, prefix)  # reads the index only: an unreadable one raises OpError
             status = ckpt.restore(prefix)
             if full:
                 status.assert_existing_objects_matched()

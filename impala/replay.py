@@ -45,8 +45,10 @@ Distances (all averaged over the T steps of an unroll; x = current-policy
 logits, y = behaviour logits or the attentive reference):
   ln_norm   ||x_t - y_t||_p, p = "p" (default 2);
   cos_dist  1 - cos(x_t, y_t);
-  kl_div    KL(softmax(y_t) || softmax(x_t)), the expected log-ratio of
-            behaviour over current policy under the data's own distribution.
+  kl_div    KL(pi_y(.|t) || pi_x(.|t)), the expected log-ratio of behaviour over
+            current policy under the data's own distribution, for the policy's
+            kind (float actions: a diagonal Gaussian, whose parameters are the
+            means, then the log-stds; integer actions: a softmax of the logits).
 
 `alfa_annealing_factor` keeps the platform's meaning: it anneals the candidate
 multiplier, lambda_u = max(1, lambda - u * (lambda - 1) / (alfa * total_updates))
@@ -366,8 +368,26 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def distances(current, reference, dist_function, p=2.0):
-    """Per-unroll distance, mean over time. current [N, T, A]; reference broadcastable to it."""
+def _kl(y, x, gaussian):
+    """KL(p_y || p_x) per step, summed over the last axis: softmaxes of the logits y and x, or with
+    `gaussian` diagonal Gaussians of parameters [means, log-stds] (nets/distributions.py's layout),
+    in closed form: sum of log(s_x / s_y) + (s_y^2 + (m_y - m_x)^2) / (2 s_x^2) - 1/2."""
+    if not gaussian:
+        ly, lx = _log_softmax(y), _log_softmax(x)
+        return np.sum(np.exp(ly) * (ly - lx), axis=-1)
+    (my, ly), (mx, lx) = np.split(y, 2, axis=-1), np.split(x, 2, axis=-1)
+    return np.sum(lx - ly + (np.exp(2 * ly) + (my - mx) ** 2) / (2 * np.exp(2 * lx)) - 0.5, axis=-1)
+
+
+def _is_gaussian(items):
+    """Whether the unrolls' policy is a diagonal Gaussian: float actions are a Gaussian's, integer
+    ones a softmax's (as nets.distributions.of_batch decides; this module stays numpy only)."""
+    return np.issubdtype(np.asarray(items[0]["action"]).dtype, np.floating)
+
+
+def distances(current, reference, dist_function, p=2.0, gaussian=False):
+    """Per-unroll distance, mean over time. current [N, T, A]; reference broadcastable to it.
+    gaussian: kl_div reads A as a diagonal Gaussian's means and log-stds (_is_gaussian)."""
     x = np.asarray(current, np.float64)
     y = np.broadcast_to(np.asarray(reference, np.float64), x.shape)
     if dist_function == "ln_norm":
@@ -376,8 +396,7 @@ def distances(current, reference, dist_function, p=2.0):
         norms = np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1)
         d = 1.0 - np.sum(x * y, axis=-1) / np.maximum(norms, 1e-8)
     elif dist_function == "kl_div":
-        ly, lx = _log_softmax(y), _log_softmax(x)
-        d = np.sum(np.exp(ly) * (ly - lx), axis=-1)
+        d = _kl(y, x, gaussian)
     else:
         raise ValueError("unknown dist_function %r; choose one of %s" % (dist_function, _choices(DIST_FUNCTIONS)))
     return d.mean(axis=-1)
@@ -497,7 +516,7 @@ class _Buffer:
 
     def _off_policy(self, items, features_fn, why, method):
         cur, beh = self._features(items, features_fn, why, method)
-        return distances(cur, np.stack(beh), self.spec.dist_function, self.spec.p)
+        return distances(cur, np.stack(beh), self.spec.dist_function, self.spec.p, _is_gaussian(items))
 
     def sample(self, n, rng, features_fn, reference):
         """Up to n distinct items (all of them when the buffer holds <= n)."""
@@ -525,7 +544,7 @@ class _Buffer:
                     if ref is None:  # no live batch: the newest stored unroll, as the platform does
                         ref_cur, _ = self._features([self.item(self.newest)], features_fn, why, "sample")
                         ref = ref_cur.mean(axis=(0, 1))
-                    d = distances(cur, ref[None, None, :], s.dist_function, s.p)
+                    d = distances(cur, ref[None, None, :], s.dist_function, s.p, _is_gaussian(cand_items))
                 picked = pick(d, self.counts[cand], n, s.elite_sampling_strategy)
                 self.dist_picked, self.dist_candidates = float(d[picked].mean()), float(d.mean())
                 chosen = cand[picked]

@@ -181,9 +181,11 @@ class PolicyValueHeads(snt.Module):
     number of discrete actions (logits) or a distributions.DiagGaussian, whose means are linear
     in the features and whose log standard deviations are one trainable vector, the same in
     every state (as SB3's and CleanRL's PPO for MuJoCo), starting at the distribution's
-    initial_log_std (--initial_log_std). The head's parameters carry the log-std with the
-    distribution's floor applied (--min_log_std), so the actors sample, and the learner reads
-    back, one and the same distribution; under the floor the log-std gets no gradient."""
+    initial_log_std (--initial_log_std). The head's parameters carry the log-std clamped to the
+    distribution's floor (--min_log_std) and ceiling (LOG_STD_MAX), so the actors sample, and the
+    learner reads back, one and the same distribution; the variable keeps the log-std itself (a
+    checkpoint's means what it meant), and past a bound it still gets the gradient that brings it
+    back (distributions.clamp_toward)."""
 
     def __init__(self, actions, name="heads"):
         super().__init__(name=name)
@@ -202,7 +204,8 @@ class PolicyValueHeads(snt.Module):
     def __call__(self, features, value_features=None):  # features [N, F]
         params = self._policy(features)
         if self._log_std is not None:
-            log_std = tf.maximum(self._log_std, self.distribution.min_log_std)
+            log_std = distributions.clamp_toward(self._log_std, self.distribution.min_log_std,
+                                                 distributions.LOG_STD_MAX)
             params = tf.concat([params, tf.broadcast_to(log_std, tf.shape(params))], axis=-1)
         value_features = features if value_features is None else value_features
         baseline = tf.squeeze(self._baseline(value_features), axis=-1)

@@ -17,6 +17,21 @@ import tensorflow as tf
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # std 0.007 .. 7.4: keeps exp() and 1/std finite
 
 
+def clamp_toward(x, low, high):
+    """clip(x, low, high) whose gradient passes wherever a descent step moves x toward [low, high]:
+    inside it, and outside it when the loss wants x back in. A plain clip's gradient is zero
+    outside, so a log-std variable that had once stepped past a bound stayed there for good
+    (its std frozen at the bound); passing every gradient instead would let the variable wander
+    off beyond the bound, unseen, for as long as the loss pushes it outward."""
+    @tf.custom_gradient
+    def clamp(v):
+        def grad(dy):
+            inward = tf.where(v < low, dy < 0, tf.where(v > high, dy > 0, tf.ones_like(v, tf.bool)))
+            return tf.where(inward, dy, tf.zeros_like(dy))
+        return tf.clip_by_value(v, low, high), grad
+    return clamp(tf.convert_to_tensor(x))
+
+
 class Categorical:
     continuous = False
 
@@ -43,11 +58,14 @@ class DiagGaussian:
 
     def __init__(self, action_dim, initial_log_std=0.0, min_log_std=LOG_STD_MIN):
         self.action_dim = int(action_dim)
-        self.initial_log_std = float(initial_log_std)  # where the head's log-std vector starts
         if not LOG_STD_MIN <= min_log_std < LOG_STD_MAX:
             raise ValueError("--min_log_std=%g: give a floor from %g (a std of 0.007) to below %g"
                              % (min_log_std, LOG_STD_MIN, LOG_STD_MAX))
         self.min_log_std = float(min_log_std)  # the head's floor under it (PolicyValueHeads)
+        if not min_log_std <= initial_log_std <= LOG_STD_MAX:  # outside, the std would start clamped
+            raise ValueError("--initial_log_std=%g: give a start from the floor --min_log_std=%g to %g (a std "
+                             "of %.3g to 7.4)" % (initial_log_std, min_log_std, LOG_STD_MAX, math.exp(min_log_std)))
+        self.initial_log_std = float(initial_log_std)  # where the head's log-std vector starts
         self.param_size = 2 * self.action_dim
         self.action_shape, self.action_dtype = (self.action_dim,), tf.float32
 

@@ -137,19 +137,26 @@ def test_two_ranks_with_replay_and_the_evaluator_hold_the_same_weights_and_resum
     assert _summary(logdir)["frames"] >= 50000
 
 
+def _log_std_variable(agent):
+    agent(tf.zeros([5, 3]), tf.ones([5], bool), ())  # builds the variables
+    return [v for v in agent.trainable_variables if "log_std" in v.name][0]
+
+
 def test_the_log_std_floor_holds_what_actors_sample_and_the_learner_reads():
     """--min_log_std: the head's parameters carry the floored log-std (so behaviour and learner
-    read one distribution), the floor stops its gradient, and a floor out of range is refused."""
+    read one distribution), a loss that wants it lower gets nothing under the floor, and a floor
+    out of range, or a start outside [floor, 2] (--initial_log_std), is refused."""
     def log_std_and_gradient(initial):
-        agent = nets.make_agent("MLPAgent", distributions.make(action_dim=2, initial_log_std=initial,
+        agent = nets.make_agent("MLPAgent", distributions.make(action_dim=2, initial_log_std=max(initial, -3.0),
                                                                min_log_std=-3.0))
+        variable = _log_std_variable(agent)
+        variable.assign([initial] * 2)  # a start under the floor is refused; a checkpoint may hold one
         with tf.GradientTape() as tape:
             out, _ = agent(tf.zeros([5, 3]), tf.ones([5], bool), ())
             total = tf.reduce_sum(out.policy_logits[:, 2:])
-        variable = [v for v in agent.trainable_variables if "log_std" in v.name][0]
         gradient = tape.gradient(total, variable)
         return out.policy_logits.numpy()[:, 2:], variable.numpy(), 0 * variable if gradient is None else gradient
-    params, variable, gradient = log_std_and_gradient(-4.0)  # starts under the floor
+    params, variable, gradient = log_std_and_gradient(-4.0)  # under the floor
     np.testing.assert_array_equal(params, -3.0)
     np.testing.assert_array_equal(variable, -4.0)
     np.testing.assert_array_equal(gradient, 0.0)
@@ -159,3 +166,52 @@ def test_the_log_std_floor_holds_what_actors_sample_and_the_learner_reads():
     for floor in (-6.0, 2.0):
         with pytest.raises(ValueError, match="--min_log_std"):
             distributions.make(action_dim=2, min_log_std=floor)
+    for start in (-3.5, 2.5, float("nan")):
+        with pytest.raises(ValueError, match=r"--initial_log_std=\S+: give a start from the floor --min_log_std=-3 "):
+            distributions.make(action_dim=2, initial_log_std=start, min_log_std=-3.0)
+
+
+def test_a_log_std_past_a_bound_still_learns_back_inside():
+    """A log-std variable past the ceiling (2) or under the floor still gets the gradient of a loss
+    that wants it back inside, and a few steps bring it there; a plain clip's gradient there was
+    exactly zero, so once past 2 the std stayed at 7.4 for good. A loss that pushes it further out
+    moves it no further (it would wander off, unseen behind the clamp)."""
+    policy = distributions.make(action_dim=2, min_log_std=-3.0)
+    agent = nets.make_agent("MLPAgent", policy)
+    variable = _log_std_variable(agent)
+
+    def log_std_and_gradient(sign):  # sign 1: a loss that wants a smaller std (the mean's -log density), -1: larger
+        with tf.GradientTape() as tape:
+            params = agent(tf.zeros([5, 3]), tf.ones([5], bool), ())[0].policy_logits
+            loss = -sign * tf.reduce_mean(policy.log_prob(params, policy.mode(params)))
+        return policy.split(params)[1].numpy(), tape.gradient(loss, variable).numpy()
+
+    variable.assign([2.1, 2.5])
+    log_std, gradient = log_std_and_gradient(1)
+    np.testing.assert_array_less(0.0, gradient)  # descent lowers it
+    np.testing.assert_array_equal(log_std, 2.0)  # the std the actors sample with: 7.4
+    np.testing.assert_array_equal(log_std_and_gradient(-1)[1], 0.0)
+    for _ in range(4):  # plain gradient descent, step 0.2: one per step and dimension
+        variable.assign_sub(0.2 * log_std_and_gradient(1)[1])
+    np.testing.assert_allclose(variable.numpy(), [1.3, 1.7], atol=1e-5)
+    np.testing.assert_allclose(log_std_and_gradient(1)[0], np.tile([1.3, 1.7], (5, 1)), atol=1e-5)
+    variable.assign([-3.2, -4.0])  # under the floor -3
+    np.testing.assert_array_less(log_std_and_gradient(-1)[1], 0.0)  # a loss that wants more exploration
+    np.testing.assert_array_equal(log_std_and_gradient(1)[1], 0.0)
+
+
+def test_a_checkpoint_keeps_its_log_std(tmp_path):
+    """The variable still holds the log-std itself: a checkpoint of a run from before reads back as the
+    std it had (the variable clamped to [--min_log_std, 2]), in the head's parameters now too."""
+    def agent_and_variable():
+        agent = nets.make_agent("MLPAgent", distributions.make(action_dim=3, min_log_std=-3.0))
+        return agent, _log_std_variable(agent)
+    old, variable = agent_and_variable()
+    variable.assign([-0.7, -4.0, 2.5])
+    path = tf.train.Checkpoint(agent=old).save(str(tmp_path / "ckpt"))
+    new, variable = agent_and_variable()
+    tf.train.Checkpoint(agent=new).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(variable.numpy(), np.float32([-0.7, -4.0, 2.5]))
+    params = new(tf.zeros([5, 3]), tf.ones([5], bool), ())[0].policy_logits
+    np.testing.assert_array_equal(new.policy.split(params)[1], np.tile(np.float32([-0.7, -3.0, 2.0]), (5, 1)))
+    np.testing.assert_array_equal(params[:, 3:], new.policy.split(params)[1])

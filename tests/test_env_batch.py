@@ -1,4 +1,5 @@
 """env_batch.py: the native (ale-py C++ vector env) and Python backends give the actor the same thing."""
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -193,6 +194,44 @@ def test_classic_control_through_the_python_backend():
         assert np.array_equal(r.done, r.episode_end)
     batch.close()
     assert ends >= 4
+
+
+class _FireEndsTheGame(gym.Env):
+    """A game in miniature as FireReset sees it in training (GameStats and EpisodicLife below it):
+    action 0 loses a life, which ends the episode but not the game (reset() goes on with it); FIRE
+    (1) ends the game, its statistics in the step's info as GameStats gives them. Reward 1 a step."""
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+    steps = None  # the game's steps so far; None: no game under way
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = self.steps or 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        info = {}
+        if action == 1:
+            info, self.steps = {"episode": {"r": float(self.steps), "l": self.steps}}, None
+        return np.zeros(2, np.float32), 1.0, action in (0, 1), False, info
+
+
+def test_a_game_that_ends_inside_the_reset_is_reported(monkeypatch):
+    """A game can end inside reset()'s own steps (FireReset's FIRE and UP after a lost life), which
+    then reports the game's statistics in its info: the batch reports them on the step that lost the
+    life. Here the reset's FIRE ends the game in its 3rd step (FIRE and UP of the first reset, whose
+    FIRE ended a game, then the agent's step)."""
+    monkeypatch.setattr(env_batch.envs, "make_env", lambda *a, **kw: env_batch.envs.FireReset(_FireEndsTheGame()))
+    batch = env_batch.PythonBatch("FireEndsTheGame", 1, seed=0)
+    obs = np.zeros((1, 2), np.float32)
+    batch.reset(obs)
+    batch.send(np.zeros(1, np.int64))
+    r = batch.recv(obs)
+    assert r.done[0] and r.episode_end[0]
+    assert (r.episode_return[0], r.episode_length[0]) == (3.0, 3)
+    batch.send(np.full(1, 2, np.int64))  # UP: nothing ends, nothing is reported again
+    assert not batch.recv(obs).episode_end[0]
 
 
 @pytest.mark.parametrize("backend,groups", [("native", 2), ("native", 1), ("python", 1)])

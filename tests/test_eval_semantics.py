@@ -92,7 +92,7 @@ def test_play_episodes_scores_whole_games():
     """Breakout with 5 lives: one episode is the whole game; `first` only at its start; the return
     and length are the game's, as the training batch reports them for the same actions."""
     env, seen = evaluator.EvalEnv("BreakoutNoFrameskip-v4", "auto", seed=3), []
-    returns, lengths = evaluator.play_episodes(_random_policy(0, seen), _NoState(), env, 1)
+    returns, lengths, capped = evaluator.play_episodes(_random_policy(0, seen), _NoState(), env, 1)
     env.close()
     assert lengths == [len(seen)] and [f for _, f, _ in seen].count(True) == 1 and seen[0][1]
     train = env_batch.make_batch("auto", "BreakoutNoFrameskip-v4", 1, 3, training=True)
@@ -106,14 +106,14 @@ def test_play_episodes_scores_whole_games():
         dones, total = dones + int(r.done[0]), total + float(r.reward[0])
         assert r.episode_end[0] == (t == len(seen) - 1)
     train.close()
-    assert dones == 5 and returns == [total] == [float(r.episode_return[0])]
+    assert dones == 5 and returns == [total] == [float(r.episode_return[0])] and capped == [False]
 
 
 def test_python_backend_for_classic_control():
     env = evaluator.EvalEnv("CartPole-v1", "auto", seed=4)
     assert isinstance(env.batch, env_batch.PythonBatch)
     seen = []
-    returns, lengths = evaluator.play_episodes(_random_policy(0, seen, 2), _NoState(), env, 2)
+    returns, lengths, _ = evaluator.play_episodes(_random_policy(0, seen, 2), _NoState(), env, 2)
     env.close()
     assert returns == lengths and sum(lengths) == len(seen)
     assert [f for _, f, _ in seen].count(True) == 2
@@ -152,6 +152,106 @@ def test_test_mode_plays_atari_through_the_native_backend(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.load(open(tmp_path / "run" / "test_results.json"))
     assert result["env_backend"] == "native" and result["episodes"] == 1 and result["mean_length"] > 50
+    assert result["eval_policy"] == "sample" and result["capped_episodes"] == []  # --eval_policy=auto on Atari
     import imageio
     frames = imageio.mimread(str(tmp_path / "run" / "test_episodes.gif"))
     assert frames[0].shape[:2] == (210, 160)
+
+
+def _never_fire(seen):
+    """A policy that only ever plays NOOP, as an argmax can; records `first`."""
+    def policy(o, f, s):
+        seen.append(bool(f.numpy()[0]))
+        return tf.constant([0]), s
+    return policy
+
+
+def test_a_policy_that_never_presses_fire_is_capped_not_left_standing(capsys):
+    """Native Breakout: ALE presses FIRE at a game's start but not after a lost life (nor in training),
+    so a policy that never presses FIRE stands still after its first life. The episode ends at the
+    stall cap (18,000 frames without a reward or a lost life: 4,500 steps), says so and is marked
+    capped, and a new game starts; it used to stand until ALE's 108,000-frame limit (27,000 steps)."""
+    env, seen = evaluator.EvalEnv("BreakoutNoFrameskip-v4", "auto", seed=3), []
+    try:
+        episodes = evaluator.play_episodes(_never_fire(seen), _NoState(), env, 1, should_stop=lambda: len(seen) >= 6000)
+        assert len(episodes[0]) == 1, "no episode ended in %d steps" % len(seen)
+        returns, lengths, capped = episodes
+        assert capped == [True] and lengths == [len(seen)] and 4500 < len(seen) < 6000 and seen.count(True) == 1
+        assert capsys.readouterr().out == (
+            "warning: episode 1 capped after %d steps, return %.1f so far: no reward and no lost life for 18000 "
+            "frames (--eval_stall_frames=18000); it is marked capped in the results\n" % (len(seen), returns[0]))
+        assert not env.obs[0, ..., :3].any() and env.obs[0, ..., 3].any()  # a new game's first stack
+    finally:
+        env.close()
+
+
+def test_the_python_backend_presses_fire_after_a_lost_life_as_in_training():
+    """The Python backend's training envs press FIRE and UP after each lost life (EpisodicLife's
+    reset, then FireReset); its evaluation envs now do too, so a policy that never presses FIRE
+    plays the whole game, the training batch's game for the same actions. It stood still after
+    the first life."""
+    env, seen = evaluator.EvalEnv("BreakoutNoFrameskip-v4", "python", seed=5), []
+    try:
+        episodes = evaluator.play_episodes(_never_fire(seen), _NoState(), env, 1, should_stop=lambda: len(seen) >= 3000)
+    finally:
+        env.close()
+    assert len(episodes[0]) == 1, "no episode ended in %d steps" % len(seen)
+    train = env_batch.make_batch("python", "BreakoutNoFrameskip-v4", 1, 5, training=True)
+    obs = np.zeros((1, 84, 84, 4), np.uint8)
+    train.reset(obs)
+    ends, lives_lost = [], 0
+    for _ in seen:
+        train.send([0])
+        r = train.recv(obs)
+        ends.append(bool(r.episode_end[0]))
+        lives_lost += bool(r.done[0] and not r.episode_end[0])
+    train.close()
+    assert ends.index(True) == len(seen) - 1 and lives_lost == 4
+    assert episodes == ([float(r.episode_return[0])], [int(r.episode_length[0])], [False])
+
+
+def test_evaluation_samples_on_atari_and_plays_greedily_elsewhere():
+    """--eval_policy=auto: sampled on Atari (an argmax can stand still there), greedy (the argmax, a
+    Gaussian's mean) elsewhere, as the continuous recipes' evaluation curves were measured."""
+    assert evaluator.policy_kind("auto", "BreakoutNoFrameskip-v4") == "sample"
+    assert evaluator.policy_kind("auto", "CartPole-v1") == evaluator.policy_kind("auto", "Pendulum-v1") == "greedy"
+    assert evaluator.policy_kind("greedy", "PongNoFrameskip-v4") == "greedy"
+    assert evaluator.policy_kind("sample", "Pendulum-v1") == "sample"
+    with pytest.raises(ValueError, match="--eval_policy=best: choose one of auto, sample, greedy"):
+        evaluator.policy_kind("best", "CartPole-v1")
+
+
+def test_an_evaluator_round_plays_eval_policy_and_counts_capped_episodes():
+    """The evaluator's rounds: with a policy head whose argmax is NOOP, --eval_policy=greedy stands
+    still after the first life and the round's episode is capped (eval.csv's `capped`, the log);
+    auto samples on Atari, presses FIRE now and then and plays the game to its end."""
+    from types import SimpleNamespace
+    from impala import agent as agent_lib
+    agent, _, _ = agent_lib.build_agent("BreakoutNoFrameskip-v4", "SimpleConvNetAgent", 20, (42, 42))
+    logits = agent._heads._policy
+    logits.w.assign(tf.zeros_like(logits.w))
+    logits.b.assign([3.0, 0.0, 0.0, 0.0])  # NOOP: 87 % of the samples, every argmax
+
+    class Client:
+        version = 7
+
+        def fetch_weights_if_new(self):
+            return None
+
+    def one_round(eval_policy):
+        rows, lines = [], []
+        csv_rows = SimpleNamespace(write=lambda row, step: rows.append(row))
+        flags = SimpleNamespace(eval_policy=eval_policy, level_name="BreakoutNoFrameskip-v4", test_num_episodes=1,
+                                eval_stall_frames=2000, test_every_s=0)
+        env = evaluator.EvalEnv("BreakoutNoFrameskip-v4", "auto", 9, (42, 42))
+        try:
+            assert evaluator._evaluate_until_stopped(flags, Client(), agent, None, env, csv_rows, lambda: bool(rows),
+                                                     lines.append) == 1
+        finally:
+            env.close()
+        return rows[0], lines
+    row, lines = one_round("greedy")
+    assert row["capped"] == 1 and lines[0].startswith("evaluator: warning: episode 1 capped"), lines
+    assert lines[-1].startswith("evaluator: policy version 7: greedy return") and lines[-1].endswith("(1 capped)")
+    row, lines = one_round("auto")
+    assert row["capped"] == 0 and len(lines) == 1 and "sample return" in lines[0], lines

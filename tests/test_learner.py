@@ -482,6 +482,25 @@ def test_observation_statistics_move_once_per_batch_and_travel_with_the_weights(
     np.testing.assert_array_equal(restored.agent.return_normaliser.var.numpy(), ret.var.numpy())
 
 
+@pytest.mark.parametrize("option,flag", [("normalize_observations", "--normalize_observations"),
+                                         ("normalize_returns", "--normalize_returns")])
+@pytest.mark.parametrize("saved,built", [(True, False), (False, True)])
+def test_a_restore_never_drops_the_normaliser_statistics(tmp_path, option, flag, saved, built):
+    """--mode=test restores only the agent (expect_partial): a checkpoint's normaliser statistics
+    into an agent built without that normaliser (options.json missing, or not saying it was on)
+    would be dropped, and an agent whose normaliser the checkpoint lacks would play on its initial
+    statistics. Either is refused in one line naming the checkpoint and the flag."""
+    def agent(on):
+        return agent_lib.build_agent("CartPole-v1", "MLPAgent", 5, **{option: on})[0]
+    prefix = tf.train.Checkpoint(agent=agent(saved)).save(str(tmp_path / "ckpt"))
+    for full in (False, True):
+        with pytest.raises(learner.CheckpointMismatch) as e:
+            learner.restore_newest_readable(tf.train.Checkpoint(agent=agent(built)), prefix, full=full)
+        msg = str(e.value)
+        assert prefix in msg and flag[2:] in msg and "\n" not in msg, msg
+    assert learner.restore_newest_readable(tf.train.Checkpoint(agent=agent(saved)), prefix, full=False) == prefix
+
+
 def test_replayed_unrolls_do_not_move_the_statistics_again(tmp_path):
     """With half of each batch from replay, the observation and return statistics count each
     unroll once, when it is new: T samples per fresh unroll, none per replayed one."""

@@ -266,6 +266,23 @@ def test_elite_picks_the_least_off_policy(dist_function):
     assert st["mean_dist_picked"] < 1e-6 < st["mean_dist_candidates"]
 
 
+@pytest.mark.parametrize("continuous,behaviour,current,kl", [
+    # a softmax's logits: KL([1/2, 1/2] || [3/4, 1/4]) = (log(2/3) + log 2) / 2
+    (False, [0.0, 0.0], [np.log(3.0), 0.0], 0.5 * np.log(4.0 / 3.0)),
+    # a diagonal Gaussian's means, then its log-stds: KL(N(0, 1) || N(3, 1)) = (1 + 3^2) / 2 - 1/2
+    (True, [0.0, 0.0], [3.0, 0.0], 4.5),
+    # and summed over the dimensions, the second's KL(N(1, 2^2) || N(1, 1)) = log(1/2) + 2^2 / 2 - 1/2
+    (True, [0.0, 1.0, 0.0, np.log(2.0)], [3.0, 1.0, 0.0, 0.0], 4.5 + np.log(0.5) + 1.5)])
+def test_kl_div_is_the_kl_of_the_policys_distribution(continuous, behaviour, current, kl):
+    """kl_div is KL(behaviour || current) of the distribution the unroll's actions come from: a
+    softmax's for integer actions, a diagonal Gaussian's (closed form) for float ones."""
+    action = np.zeros((T, len(behaviour) // 2), np.float32) if continuous else np.zeros(T, np.int32)
+    m = custom(3, 1, sample_strategy="elite_sampling", dist_function="kl_div", lambda_batch_multiplier=3)
+    m.add([dict(item(i, logits=np.tile(behaviour, (T, 1))), action=action) for i in range(3)])
+    m.sample([], lambda items: [np.tile(current, (T, 1)) for _ in items])
+    assert m.stats()["0_elite_sampling"]["mean_dist_candidates"] == pytest.approx(kl, rel=1e-6)
+
+
 def _distance_is_id():
     """Stored unroll i is exactly i off-policy under ln_norm."""
     beh = {i: np.zeros((T, A)) for i in range(12)}

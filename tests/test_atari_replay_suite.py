@@ -134,19 +134,37 @@ def test_ctrl_c_during_a_variant_still_gives_the_table(tmp_path, monkeypatch):
     assert [line.split("|")[2].strip() for line in lines if line.startswith("| Breakout |")] == ["queue", "elite"]
 
 
+# One variant of each kind: the queue alone, a replay source under the recipe's clip, and elite
+# sampling with a variant's own flags; the other two combine the same parts (checked without a run in
+# test_every_variants_replay_and_own_flags_are_valid), so three real runs cover them.
+RUN_VARIANTS = ("queue", "standard", "elite_fresh_clip")
+
+
+def test_every_variants_replay_and_own_flags_are_valid():
+    from impala import replay
+    for variant, (_, spec, own) in atari_replay.VARIANTS.items():
+        sources = replay.parse_replay_parameters(json.dumps(spec))
+        assert [s.type for s in sources][0] == "queue", variant
+        assert set(own) <= {"--clip_ratio_to=fresh_batch_start"}, variant
+    kinds = {(len(spec), bool(own)) for name, (_, spec, own) in atari_replay.VARIANTS.items() if name in RUN_VARIANTS}
+    assert kinds == {(1, False), (2, False), (2, True)}  # the runs cover queue, replay, replay with own flags
+
+
 @pytest.mark.slow
 def test_the_suite_runs_every_variant(tmp_path):
-    """Real Breakout runs of a few updates each: one folder per variant with its replay parameters
-    and own flags, the replay variants training on about twice the samples per env frame."""
+    """Real Breakout runs of a few updates each, one of each kind of variant: one folder per variant
+    with its replay parameters and own flags, the replay variants training on about twice the
+    samples per env frame."""
     out = str(tmp_path)
     cmd = [sys.executable, os.path.join(ROOT, "bench", "run.py"), "atari_replay", "--games", "BreakoutNoFrameskip-v4",
            "--seeds", "1", "--frames", "16384", "--out", out, "--base_port", "19680",
-           "--recipe_extra=--compute_dtype=float32"]
+           "--recipe_extra=--compute_dtype=float32", "--variants", *RUN_VARIANTS]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = {row["variant"]: row for row in csv.DictReader(open(os.path.join(out, "atari_replay.csv")))}
-    assert sorted(rows) == sorted(atari_replay.VARIANTS) and all(int(x["frames"]) >= 16384 for x in rows.values())
-    for variant, (_, spec, own) in atari_replay.VARIANTS.items():
+    assert sorted(rows) == sorted(RUN_VARIANTS) and all(int(x["frames"]) >= 16384 for x in rows.values())
+    for variant in RUN_VARIANTS:
+        _, spec, own = atari_replay.VARIANTS[variant]
         options = json.load(open(os.path.join(atari_replay.run_dir(out, "BreakoutNoFrameskip-v4", variant, 1),
                                               "options.json")))
         assert json.loads(options["replay_parameters"]) == spec

@@ -195,12 +195,15 @@ def test_atari_command_trains_and_stops_on_ctrl_c(results_dir_cleanup):
     assert "reward clipping: abs_one" in said
 
 
-@pytest.mark.slow  # a whole CartPole run under tmux and mpirun; the default suite has the frontend in test_frontend.py
-def test_rack_command_runs_to_its_budget(results_dir_cleanup):
-    done = subprocess.run(["bash", "-c", RACK], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+@pytest.mark.slow  # a CartPole run under tmux and mpirun; the default suite has the frontend in test_frontend.py
+def test_rack_command_trains_and_ctrl_c_stops_everything(results_dir_cleanup):
+    proc = _start(RACK)
+    said = _wait_for(proc, r"\[learner 0\] frames", 240)
+    assert "[learner 0] frames" in said, said[-3000:]
+    said = _interrupt(proc)
+    assert proc.returncode in (0, 130) and "stopping the run" in said, said[-3000:]
     (run,) = _new_runs(results_dir_cleanup, "CartPole-v1_*")
-    assert _checkpoint(run)
+    assert _checkpoint(run), said[-3000:]
 
 
 def test_walle_command_trains_and_stops_on_ctrl_c(results_dir_cleanup):

@@ -414,9 +414,9 @@ def validate_run():
     if FLAGS.minibatch_over == "steps" and nets.is_recurrent(FLAGS.agent_name):
         raise UsageError("--minibatch_over=steps needs a feedforward agent: --agent_name=%s carries an LSTM "
                          "state along each unroll; use --minibatch_over=unrolls" % FLAGS.agent_name)
-    from impala import agent as agent_lib
+    from impala import obs_transfer
     try:
-        agent_lib.sends_frames(FLAGS)  # resolves --env_backend too
+        obs_transfer.sends_frames(FLAGS)  # resolves --env_backend too
     except ValueError as e:
         raise UsageError(str(e))
     from impala import replay

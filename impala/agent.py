@@ -4,30 +4,16 @@ publishes them and actors and the evaluator read them (transport.py)."""
 import numpy as np
 import tensorflow as tf
 
-from envs import batch as env_batch
 import envs
 import nets
 from impala import transport
+from impala.obs_transfer import sends_frames  # noqa: F401  (callers take it from here too)
 from nets import distributions
 
 
 def frame_size_of(flags):
     """The Atari frame size of --width/--height, as envs takes it: (width, height)."""
     return (flags.width, flags.height)
-
-
-def sends_frames(flags):
-    """Whether unrolls carry only each step's newest frame (--obs_transfer): by default where
-    the actors step Atari through ale-py's vector env, whose frame stacks the learner can
-    rebuild exactly (transport.stack_frames). Raises ValueError naming the flag otherwise."""
-    if flags.obs_transfer == "stacks":
-        return False
-    native = env_batch.resolve_backend(flags.env_backend, flags.level_name) == "native"
-    if flags.obs_transfer == "frames" and not native:
-        raise ValueError("--obs_transfer=frames needs the native Atari backend (its stacks start as black "
-                         "frames, which the learner rebuilds); --level_name=%s --env_backend=%s steps the "
-                         "Python backend: use --obs_transfer=stacks or auto" % (flags.level_name, flags.env_backend))
-    return native
 
 
 def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZE, compute_dtype="float32",

@@ -1,4 +1,5 @@
 """nets/: shapes of each agent, LSTM reset on `first`, gradients, make_agent errors."""
+import os
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -297,3 +298,25 @@ def test_a_return_normaliser_reports_the_baseline_in_return_units():
     np.testing.assert_allclose(out.policy_logits, raw.policy_logits)
     published = nets.published_variables(agent)
     assert published[-2] is agent.return_normaliser.mean and published[-1] is agent.return_normaliser.var
+
+
+def test_the_names_nets_gives_without_tensorflow_are_its_agents():
+    """nets/__init__.py names the agents without importing TensorFlow; nets/agents.py builds them."""
+    from nets import agents
+    assert nets.AGENT_NAMES == tuple(agents._AGENTS)
+    assert nets.RECURRENT == tuple(n for n, c in agents._AGENTS.items() if issubclass(c, agents.LSTMAgent))
+
+
+def test_a_bad_command_line_is_answered_without_loading_tensorflow():
+    """experiment.py's checks of a vector-observation run import no TensorFlow (3 s on 2 cores), so a
+    bad flag is refused at once."""
+    import subprocess
+    import sys
+    code = ("import sys, experiment\n"
+            "experiment.FLAGS(['experiment.py', '--level_name=CartPole-v1', '--agent_name=MLPAgent',"
+            " '--replay_parameters=[{\"type\": \"queue\", \"capacity\": 1, \"sample_ratio\": 1}]'])\n"
+            "experiment.validate_run()\n"
+            "print('tensorflow' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr

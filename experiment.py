@@ -12,6 +12,9 @@
   python experiment.py --job_name=actor --learner_host=localhost:8002 --actor_hosts=localhost:9002 --task=0 ...
   # play a trained policy
   python experiment.py --mode=test --load_model_url=results/CartPole-v1_1700000000
+  # export it as a SavedModel (results/CartPole-v1_1700000000/exported) and play it without this project
+  python experiment.py --mode=export --load_model_url=results/CartPole-v1_1700000000
+  python sandbox/play_policy.py results/CartPole-v1_1700000000/exported --episodes=10 --deterministic
 
 Most users start everything with run_experiment_mm_raw.py and a workers CSV.
 Flag names follow DeepMind's scalable_agent and the impala_horovod fork.
@@ -33,10 +36,13 @@ from tools.files import write_json
 # ----------------------------------------------------------------- flags
 flags.DEFINE_string("logdir", None, "Run folder (checkpoints, TensorBoard, metrics). "
                     "Default: results/<level_name>_<unix time>; with --mode=train_w_load, the loaded run.")
-flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load", "replay_nonfinite"], "Training, testing, "
-                  "training resumed from --load_model_url, or replaying the update that stopped that run on "
-                  "non-finite weights (docs/training.md#non-finite-updates).")
+flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load", "replay_nonfinite", "export"], "Training, "
+                  "testing, training resumed from --load_model_url, replaying the update that stopped that run on "
+                  "non-finite weights (docs/training.md#non-finite-updates), or exporting its policy as a "
+                  "TensorFlow SavedModel (--export_dir) that sandbox/play_policy.py plays without this project.")
 flags.DEFINE_string("load_model_url", None, "A run folder or checkpoint prefix to resume or test.")
+flags.DEFINE_string("export_dir", None, "--mode=export: where the SavedModel and its policy.json go "
+                    "(default: <run folder>/exported; an earlier export there is replaced).")
 flags.DEFINE_integer("test_num_episodes", 10, "Episodes played in --mode=test.")
 flags.DEFINE_bool("render", False, "--mode=test: also write the episodes as an animated GIF "
                   "(test_episodes.gif in the run folder; every 2nd frame, at most 2000).")
@@ -596,13 +602,26 @@ def run_test():
     return 0
 
 
+def run_export():
+    """--mode=export: the checkpoint of --load_model_url as a SavedModel at --export_dir."""
+    from impala import export
+    from impala import learner as learner_lib
+    source = FLAGS.load_model_url
+    export_dir = FLAGS.export_dir or os.path.join(load_saved_options(source)[1], "exported")
+    try:
+        export.export_run(FLAGS, source, export_dir, log=log)
+    except (learner_lib.CheckpointMismatch, FileExistsError) as e:
+        raise UsageError(str(e))
+    return 0
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError("unexpected arguments: %s (flags look like --name=value)" % " ".join(argv[1:]))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.set_verbosity(logging.WARNING)  # keep TF's Python INFO lines out of the progress output
     try:
-        if FLAGS.mode in ("test", "train_w_load", "replay_nonfinite"):
+        if FLAGS.mode in ("test", "train_w_load", "replay_nonfinite", "export"):
             if not FLAGS.load_model_url and not (FLAGS.mode == "test" and FLAGS.logdir):
                 raise UsageError("--mode=%s needs --load_model_url=<run folder or checkpoint>" % FLAGS.mode)
             src = FLAGS.load_model_url or FLAGS.logdir
@@ -614,6 +633,8 @@ def main(argv):
         reward_clipping_line = resolve_reward_clipping()
         if FLAGS.mode == "test":
             return run_test()
+        if FLAGS.mode == "export":
+            return run_export()
         if FLAGS.mode == "replay_nonfinite":
             from impala import diagnose
             return diagnose.replay_nonfinite(FLAGS, FLAGS.load_model_url)

@@ -29,6 +29,8 @@ OWN_ENV = "%s local_cluster.py --num_actors=1 -- --flagfile=configs/reach_target
 RACK = ("%s run_experiment_mm_raw.py --workers_csv_path=sandbox/local_workers_example.csv "
         "--flagfile=configs/cartpole.flags --follow" % PY)
 WALLE = "%s ppo_parallel_main.py HalfCheetah-v5 @configs/ppo_halfcheetah.args -n 2" % PY
+EXPORT = "%s experiment.py --mode=export --load_model_url=results/<run>" % PY
+PLAY = "%s sandbox/play_policy.py results/<run>/exported --episodes 10 --deterministic" % PY
 # README commands run elsewhere: command -> (file, the text of the command that file runs)
 ELSEWHERE = {
     "./install.sh": (".ci/run", "./test.sh"),  # test.sh runs install.sh first
@@ -41,7 +43,7 @@ ELSEWHERE = {
     "docker/build.sh && NUM_ACTORS=2 docker-compose -f docker/docker-compose.yml up":
         ("tests/test_docker.py", "NUM_ACTORS=str(num_actors)"),
 }
-HERE = {TRAIN, TENSORBOARD, PLOT, TEST_MODE, ATARI, OWN_ENV, RACK, WALLE}
+HERE = {TRAIN, TENSORBOARD, PLOT, TEST_MODE, ATARI, OWN_ENV, RACK, WALLE, EXPORT, PLAY}
 
 
 def _readme():
@@ -170,9 +172,11 @@ def test_quickstart_train_then_tensorboard_plot_and_test_mode(results_dir_cleanu
         board.wait(timeout=30)
     plot = subprocess.run(["bash", "-c", PLOT], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plot.returncode == 0 and os.path.getsize(os.path.join(ROOT, "cartpole.png")) > 0, plot.stderr
-    played = subprocess.run(["bash", "-c", TEST_MODE.replace("results/<run>", os.path.relpath(run, ROOT))],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert played.returncode == 0, played.stdout[-2000:] + played.stderr[-2000:]
+    for command in (TEST_MODE, EXPORT, PLAY):  # test mode, then the policy taken away and played
+        done = subprocess.run(["bash", "-c", command.replace("results/<run>", os.path.relpath(run, ROOT))],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, command + "\n" + done.stdout[-2000:] + done.stderr[-2000:]
+    assert os.path.exists(os.path.join(run, "exported", "policy.json"))
 
 
 def test_own_env_command_learns(results_dir_cleanup):

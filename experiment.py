@@ -359,11 +359,17 @@ def load_saved_options(path):
     return {}, d
 
 
-def apply_saved_options(saved):
-    """Precedence: command line > options saved with the checkpoint > defaults."""
+def apply_saved_options(saved, where="the run's options.json"):
+    """Precedence: command line > options saved with the checkpoint > defaults. A value edited by
+    hand out of its flag's range is one line naming the file, as it would be on the command line
+    (assigned values skip the flags' validators)."""
     for name in RUN_FLAGS:
         if name in saved and not FLAGS[name].present:
             FLAGS[name].value = saved[name]
+    try:
+        FLAGS.validate_all_flags()
+    except (flags.Error, TypeError, ValueError) as e:
+        raise UsageError("%s holds a value its flag refuses: %s" % (where, str(e).splitlines()[0]))
 
 
 def save_options(logdir):
@@ -627,7 +633,8 @@ def main(argv):
             src = FLAGS.load_model_url or FLAGS.logdir
             if not os.path.exists(src) and not os.path.exists(src + ".index"):
                 raise UsageError("--load_model_url=%s does not exist" % src)
-            apply_saved_options(load_saved_options(src)[0])
+            saved, folder = load_saved_options(src)
+            apply_saved_options(saved, os.path.join(folder, "options.json"))
         set_onednn()
         validate_run()
         reward_clipping_line = resolve_reward_clipping()

@@ -115,6 +115,23 @@ def test_bad_input_gives_one_clear_error(args, needle, tmp_path):
 UNICODE_DIGITS = ("¹²", "٣٤", "８０")  # superscript, Arabic-Indic, fullwidth
 
 
+@pytest.mark.parametrize("edited, needle", [
+    ({"batch_size": 0}, "flag --batch_size=0: must be a positive integer"),
+    ({"initial_log_std": 9}, "--initial_log_std=9: give a start from the floor"),
+    ({"batch_size": "abc"}, "holds a value its flag refuses"),
+])
+def test_an_options_json_edited_out_of_range_is_one_line_naming_it(tmp_path, edited, needle):
+    """Restored options are assigned, which skips the flags' validators: checked after, a value edited
+    by hand is refused as the command line would refuse it, naming the file, before anything starts."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "options.json").write_text(json.dumps(dict(level_name="CartPole-v1", agent_name="MLPAgent", **edited)))
+    r = _run_experiment(["--mode=test", "--load_model_url=%s" % run], timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = [l for l in r.stderr.splitlines() if l.startswith("experiment.py: error:")]
+    assert str(run / "options.json") in line and needle in line, line
+
+
 def test_number_flags_take_ascii_digits_only():
     """int() and float() read '٣٤' and '８０' as numbers and str.isdigit() passes '¹²', which int()
     refuses with a traceback: every number a flag holds is ASCII digits, else one line naming the

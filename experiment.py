@@ -550,22 +550,16 @@ def run_actor():
 def run_test():
     """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std."""
     import numpy as np
-    import tensorflow as tf
     from impala import agent as agent_lib
     from impala import evaluator
     from impala import learner as learner_lib
     source = FLAGS.load_model_url or FLAGS.logdir
-    agent, _, spec = agent_lib.build_agent(FLAGS.level_name, FLAGS.agent_name, FLAGS.unroll_length,
-                                           agent_lib.frame_size_of(FLAGS),
-                                           normalize_observations=FLAGS.normalize_observations,
-                                           normalize_returns=FLAGS.normalize_returns,
-                                           net=agent_lib.net_options(FLAGS))
     try:
-        prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
+        agent, spec, prefix = learner_lib.restored_agent(FLAGS, source)
     except learner_lib.CheckpointMismatch as e:
         raise UsageError(str(e))
     # the env the actors step (--env_backend), so the policy sees the observations it was trained on
-    env = evaluator.EvalEnv(FLAGS.level_name, FLAGS.env_backend, FLAGS.seed + 12345,
+    env = evaluator.EvalEnv(FLAGS.level_name, FLAGS.env_backend, FLAGS.seed + evaluator.TEST_SEED_OFFSET,
                             agent_lib.frame_size_of(FLAGS), render=FLAGS.render)
     frames = []
     if FLAGS.render:

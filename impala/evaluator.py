@@ -28,6 +28,9 @@ from tools.runlog import RunLog
 EVAL_COLUMNS = ("time", "policy_version", "episodes", "mean_return", "std_return", "mean_length", "capped")
 EVAL_TAGS = {"mean_return": "charts/eval_mean_return", "mean_length": "charts/eval_mean_length"}
 POLICIES = ("auto", "sample", "greedy")  # --eval_policy
+# --mode=test seeds its env with --seed + this, apart from the actors' seeds; an exported policy
+# (policy.json's test_mode_seed) names the same seed so its player can replay those episodes
+TEST_SEED_OFFSET = 12345
 
 
 class EvalEnv:

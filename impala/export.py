@@ -33,7 +33,6 @@ from impala import learner as learner_lib
 
 POLICY_JSON = "policy.json"
 STATE_NAMES = ("lstm_hidden", "lstm_cell")  # snt.LSTMState's fields, in its order
-TEST_MODE_SEED_OFFSET = 12345  # experiment.run_test's EvalEnv seed: --seed + this
 FORMAT = 1
 
 
@@ -159,11 +158,7 @@ def export_run(flags, source, export_dir, log=print):
     built as --mode=test builds it, as a SavedModel in export_dir. Returns policy.json's content."""
     check_export_dir(export_dir)  # before the work, not after it
     frame_size = agent_lib.frame_size_of(flags)
-    agent, _, spec = agent_lib.build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size,
-                                           normalize_observations=flags.normalize_observations,
-                                           normalize_returns=flags.normalize_returns,
-                                           net=agent_lib.net_options(flags))
-    prefix = learner_lib.restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
+    agent, spec, prefix = learner_lib.restored_agent(flags, source)
     log("exporting %s (%s on %s) to %s" % (prefix, flags.agent_name, flags.level_name, export_dir))
     start = time.time()
     from impala import evaluator  # for the policy --mode=test plays
@@ -171,7 +166,7 @@ def export_run(flags, source, export_dir, log=print):
         "checkpoint": os.path.abspath(prefix), "env_module": list(flags.env_module),
         "normalize_observations": bool(flags.normalize_observations),
         "test_mode_policy": evaluator.policy_kind(flags.eval_policy, flags.level_name),
-        "test_mode_seed": flags.seed + TEST_MODE_SEED_OFFSET,
+        "test_mode_seed": flags.seed + evaluator.TEST_SEED_OFFSET,
         "test_mode_env_backend": env_batch.resolve_backend(flags.env_backend, flags.level_name)})
     size, info = save_policy(agent, spec, export_dir, info)
     log("wrote %s (%.1f MB, %.1f s)" % (export_dir, size / 1e6, time.time() - start))

@@ -13,7 +13,8 @@ Both give the actor the same thing for each step:
 
 with the semantics of the factory's Atari pipeline, so the learner cannot tell them apart:
 `done` is the learner's episode boundary (in training a lost life is one, as
-EpisodicLife makes it), `episode_end` / `episode_return` / `episode_length` belong
+EpisodicLife makes it), `new_episode` where the recurrent state restarts (a new game, not a
+lost life), `episode_end` / `episode_return` / `episode_length` belong
 to the whole game (all lives), and `cut` marks episodes ended by the time limit
 (108,000 frames), whose last observations are in `final_obs` for the actor's
 timeout_value bootstrap. Observations are [E, H, W, 4] uint8 as the nets take them
@@ -55,6 +56,10 @@ class StepResult(NamedTuple):
     episode_return: np.ndarray  # [E] float32, valid where episode_end
     episode_length: np.ndarray  # [E] int32 agent steps, valid where episode_end
     crashes: np.ndarray  # [E] int32: exceptions of each env since the last result (Python backend)
+    # [E] bool: the next observation starts a new episode (game over, time limit, an env made anew
+    # after a crash). The recurrent state restarts here, in training and evaluation alike; unlike
+    # `done`, not at a lost life, which ends only the learner's discounting.
+    new_episode: np.ndarray
 
 
 MAX_CRASHES_IN_A_ROW = 100
@@ -147,13 +152,14 @@ class PythonBatch:
 
     def recv(self, obs_out):
         reward, done, cut, ended, ret, length = _empty_result(self.num_envs)
+        new = np.zeros(self.num_envs, bool)
         final_obs = None
         for i, env in enumerate(self.envs):
             try:
                 o, r, terminated, truncated, info = env.step(self._as_action(self._actions[i]))
             except Exception as e:  # the episode ends here, without statistics: a partial one
                 self._crashed(i, "step", e)
-                obs_out[i], done[i] = self._remake(i), True
+                obs_out[i], done[i], new[i] = self._remake(i), True, True
                 continue
             self._in_a_row = 0
             if truncated and not terminated:
@@ -161,7 +167,9 @@ class PythonBatch:
                     final_obs = np.zeros((self.num_envs,) + o.shape, o.dtype)
                 final_obs[i], cut[i] = o, True
             if terminated or truncated:
-                o = self._reset_after_episode(i)
+                # a whole game ended (GameStats' info), or one ended inside the reset's own steps
+                o, ended_in_reset = self._reset_after_episode(i)
+                new[i] = "episode" in info or ended_in_reset
             # A game can end inside the reset's own steps (FireReset's FIRE and UP after a lost life);
             # the reset reports it, here, or on the next step when this one ended a game itself.
             ep = info.get("episode")
@@ -172,17 +180,17 @@ class PythonBatch:
             obs_out[i] = o
             reward[i], done[i] = r, terminated or truncated
         crashes, self._crashes = self._crashes, np.zeros(self.num_envs, np.int32)
-        return StepResult(reward, done, cut, final_obs, ended, ret, length, crashes)
+        return StepResult(reward, done, cut, final_obs, ended, ret, length, crashes, new)
 
     def _reset_after_episode(self, i):
         try:
             o, info = self.envs[i].reset()
             if "episode" in info:
                 self._reset_episode[i] = info["episode"]
-            return o
+            return o, "episode" in info
         except Exception as e:
             self._crashed(i, "reset", e)
-            return self._remake(i)
+            return self._remake(i), True
 
     def _crashed(self, i, where, e):
         """Counts one exception of env i, says so the first time, and gives up after
@@ -306,7 +314,8 @@ class NativeAtariBatch:
                                   final_obs[e])
         self._push(obs[:, 0], game_over)
         self._stacks(obs_out)
-        return StepResult(reward, done, cut, final_obs, ended, ret, length, np.zeros(self.num_envs, np.int32))
+        return StepResult(reward, done, cut, final_obs, ended, ret, length, np.zeros(self.num_envs, np.int32),
+                          game_over)
 
     def _push(self, frame, new_game):
         """The frame stack, kept here rather than by ale-py (stack_num=1): each env's newest frame

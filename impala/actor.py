@@ -98,7 +98,7 @@ def fill_unroll(groups, buf, step, T, timings):
             buf["episode_length"][rows, t] = r.episode_length
             buf["env_crashes"][rows] += r.crashes
             transport.put_observation(buf, rows, t + 1, g.obs, r.episode_end)  # a new game: a new stack
-            buf["first"][rows, t + 1] = g.first = r.done
+            buf["first"][rows, t + 1] = g.first = r.new_episode  # not at a lost life: envs/batch.py
             timings.add("env", time.perf_counter() - t0)
             if r.final_obs is not None:  # time limits: their value, for the learner to bootstrap from
                 t0 = time.perf_counter()

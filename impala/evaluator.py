@@ -119,7 +119,7 @@ def play_episodes(policy, agent, env, n, should_stop=lambda: False, on_episode=N
     while len(done.returns) < n and not should_stop():
         action, state = policy(tf.constant(env.obs), tf.constant([first]), state)
         result = env.step(action.numpy()[0])
-        first = bool(result.done[0])
+        first = bool(result.new_episode[0])  # the actors' rule (envs/batch.py StepResult)
         stalled = game.stalled(result)
         if result.episode_end[0]:
             cut = env.is_atari and bool(result.cut[0])

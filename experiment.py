@@ -43,9 +43,16 @@ flags.DEFINE_enum("mode", "train", ["train", "test", "train_w_load", "replay_non
 flags.DEFINE_string("load_model_url", None, "A run folder or checkpoint prefix to resume or test.")
 flags.DEFINE_string("export_dir", None, "--mode=export: where the SavedModel and its policy.json go "
                     "(default: <run folder>/exported; an earlier export there is replaced).")
+flags.DEFINE_bool("export_onnx", True, "--mode=export: also write policy.onnx, the same policy converted by "
+                  "tf2onnx (opset 17) for ONNX runtimes such as onnxruntime; where a net has an op tf2onnx cannot "
+                  "convert, one line names it and the SavedModel is written alone.")
 flags.DEFINE_integer("test_num_episodes", 10, "Episodes played in --mode=test.")
 flags.DEFINE_bool("render", False, "--mode=test: also write the episodes as an animated GIF "
                   "(test_episodes.gif in the run folder; every 2nd frame, at most 2000).")
+flags.DEFINE_string("video_dir", None, "--mode=test: also write each episode as an MP4 in this folder "
+                    "(episode_001.mp4, ...; made if missing, earlier files of the same names replaced): one frame "
+                    "per agent step, the screen the policy acted on, so as many frames as the episode's length, "
+                    "at the game's speed (15 fps on Atari, the env's render_fps elsewhere; tools/video.py).")
 flags.DEFINE_enum("job_name", "learner", ["learner", "actor", "evaluator"],
                   "Which worker this process is. evaluator: the test worker, which plays the "
                   "current policy (--eval_policy) every --test_every_s (eval.csv, TensorBoard eval/).")
@@ -57,6 +64,11 @@ flags.DEFINE_integer("eval_stall_frames", 18000, "The evaluator and --mode=test 
                      "no lost life for this many frames (5 minutes of an Atari game), warn, and mark it capped "
                      "in the results; 0: never.")
 flags.register_validator("eval_stall_frames", lambda v: v is not None and v >= 0, message="must be >= 0 (0 = off)")
+flags.DEFINE_integer("eval_video_every", 0, "The evaluator records one more episode after its first round and "
+                     "after every K-th round from there, with the round's weights, as <logdir>/videos/"
+                     "eval_v<policy version, 8 digits>.mp4 (eval.csv's policy_version; not scored there). Only that "
+                     "episode renders: it is played in an env of its own, the rounds' env never renders. 0: no videos.")
+flags.register_validator("eval_video_every", lambda v: v is not None and v >= 0, message="must be >= 0 (0 = off)")
 flags.DEFINE_integer("task", 0, "Actor index into --actor_hosts (actors only).")
 flags.DEFINE_list("learner_hosts", ["127.0.0.1:8001"], "host:port of each learner rank's server, the same "
                   "list for every worker: rank r serves entry r, actor i feeds entry i mod K.")
@@ -548,7 +560,8 @@ def run_actor():
 
 
 def run_test():
-    """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std."""
+    """Plays --test_num_episodes with the policy of a checkpoint; reports mean/std (test_results.json)
+    and, with --render or --video_dir, shows the episodes (a GIF, an MP4 per episode)."""
     import numpy as np
     from impala import agent as agent_lib
     from impala import evaluator
@@ -560,34 +573,29 @@ def run_test():
         raise UsageError(str(e))
     # the env the actors step (--env_backend), so the policy sees the observations it was trained on
     env = evaluator.EvalEnv(FLAGS.level_name, FLAGS.env_backend, FLAGS.seed + evaluator.TEST_SEED_OFFSET,
-                            agent_lib.frame_size_of(FLAGS), render=FLAGS.render)
-    frames = []
-    if FLAGS.render:
-        os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-        try:
-            env.render()
-        except Exception as e:  # e.g. MuJoCo without an OpenGL context on a headless machine
-            raise UsageError("--render: %s cannot render on this machine (%s: %s)"
-                             % (FLAGS.level_name, type(e).__name__, str(e).splitlines()[0][:200]))
-
+                            agent_lib.frame_size_of(FLAGS), render=FLAGS.render or bool(FLAGS.video_dir))
+    frames, videos = [], _test_videos(env)
     kind = evaluator.policy_kind(FLAGS.eval_policy, FLAGS.level_name)
-    act = evaluator.make_policy(agent, kind)
+    policy = evaluator.make_policy(agent, kind)
+    if FLAGS.render or videos is not None:
+        policy = evaluator.recording(policy, env, lambda screen: _show(screen, frames, videos))
 
-    def policy(o, f, s):
-        if FLAGS.render and len(frames) < 4000:
-            frames.append(env.render())
-        return act(o, f, s)
-
+    def on_episode(rs, ls):
+        log("[test] episode %d/%d: return %.1f, length %d" % (len(rs), FLAGS.test_num_episodes, rs[-1], ls[-1]))
+        if videos is not None:
+            videos.end()
     start = time.time()
-    returns, lengths, capped = evaluator.play_episodes(
-        policy, agent, env, FLAGS.test_num_episodes, stall_frames=FLAGS.eval_stall_frames,
-        log=lambda line: log("[test] " + line),
-        on_episode=lambda rs, ls: log("[test] episode %d/%d: return %.1f, length %d"
-                                      % (len(rs), FLAGS.test_num_episodes, rs[-1], ls[-1])))
-    env.close()
+    try:
+        returns, lengths, capped = evaluator.play_episodes(
+            policy, agent, env, FLAGS.test_num_episodes, stall_frames=FLAGS.eval_stall_frames,
+            log=lambda line: log("[test] " + line), on_episode=on_episode)
+    finally:  # a Ctrl-C leaves no half-written video
+        env.close()
+        if videos is not None:
+            videos.abort()
     result = {"checkpoint": prefix, "level_name": FLAGS.level_name, "env_backend": env.backend,
               "eval_policy": kind, "episodes": len(returns), "mean_return": float(np.mean(returns)),
-              "std_return": float(np.std(returns)), "mean_length": float(np.mean(lengths)),
+              "std_return": float(np.std(returns)), "mean_length": float(np.mean(lengths)), "lengths": lengths,
               "capped_episodes": [i + 1 for i, c in enumerate(capped) if c], "seconds": time.time() - start}
     log("[test] %s: mean return %.2f +- %.2f over %d episodes (checkpoint %s)"
         % (FLAGS.level_name, result["mean_return"], result["std_return"], len(returns), prefix))
@@ -595,11 +603,49 @@ def run_test():
     with open(os.path.join(run_dir, "test_results.json"), "w") as f:
         json.dump(result, f, indent=2)
     if FLAGS.render and frames:
-        import imageio
-        gif = os.path.join(run_dir, "test_episodes.gif")
-        imageio.mimsave(gif, [fr for fr in frames[::2] if fr is not None], duration=1 / 30, loop=0)
-        log("[test] wrote %s (%d frames)" % (gif, len(frames[::2])))
+        _write_gif(os.path.join(run_dir, "test_episodes.gif"), frames)
     return 0
+
+
+def _test_videos(env):
+    """Checks that the env shows its screen where --render or --video_dir wants it; returns the
+    recorder of --video_dir's MP4s (tools/video.py), or None."""
+    if not (FLAGS.render or FLAGS.video_dir):
+        return None
+    from impala import evaluator
+    from tools import video
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    try:
+        env.render()
+    except Exception as e:  # e.g. MuJoCo without an OpenGL context on a headless machine
+        raise UsageError("%s: %s cannot render on this machine (%s: %s)"
+                         % ("--video_dir" if FLAGS.video_dir else "--render", FLAGS.level_name, type(e).__name__,
+                            str(e).splitlines()[0][:200]))
+    if not FLAGS.video_dir:
+        return None
+    return video.EpisodeVideos(FLAGS.video_dir, evaluator.video_fps(env), lambda line: log("[test] " + line))
+
+
+def _show(screen, gif_frames, videos):
+    if FLAGS.render and len(gif_frames) < 4000:
+        gif_frames.append(screen)
+    if videos is not None:
+        videos.add(screen)
+
+
+def _write_gif(path, frames):
+    import imageio
+    imageio.mimsave(path, [fr for fr in frames[::2] if fr is not None], duration=1 / 30, loop=0)
+    log("[test] wrote %s (%d frames)" % (path, len(frames[::2])))
+
+
+def _prepare_video_dir():
+    """--video_dir's folder, made and checked before anything else starts."""
+    from tools import video
+    try:
+        video.prepare_dir(FLAGS.video_dir)
+    except video.VideoDirError as e:
+        raise UsageError("--video_dir=%s: %s" % (FLAGS.video_dir, e))
 
 
 def run_export():
@@ -621,6 +667,8 @@ def main(argv):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.set_verbosity(logging.WARNING)  # keep TF's Python INFO lines out of the progress output
     try:
+        if FLAGS.mode == "test" and FLAGS.video_dir:
+            _prepare_video_dir()
         if FLAGS.mode in ("test", "train_w_load", "replay_nonfinite", "export"):
             if not FLAGS.load_model_url and not (FLAGS.mode == "test" and FLAGS.logdir):
                 raise UsageError("--mode=%s needs --load_model_url=<run folder or checkpoint>" % FLAGS.mode)

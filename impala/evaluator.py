@@ -23,6 +23,7 @@ from impala import precision
 from impala import sender as sender_lib
 from impala import transport
 from impala.stopping import StopSignal
+from tools import video as video_lib
 from tools.runlog import RunLog
 
 EVAL_COLUMNS = ("time", "policy_version", "episodes", "mean_return", "std_return", "mean_length", "capped")
@@ -42,7 +43,7 @@ class EvalEnv:
     FIRE as its training envs do (envs.factory.FireAfterLifeLoss); the native one presses nothing,
     in training too. Games follow one another across calls of play_episodes, each new one started
     by the env's own seeded randomness (restart() abandons one).
-    render: render() gives the screen (RGB; for --mode=test's GIF)."""
+    render: render() gives the screen (RGB; for --mode=test's GIF and the videos of tools/video.py)."""
 
     def __init__(self, level_name, env_backend, seed, frame_size=envs.FRAME_SIZE, render=False):
         spec = envs.env_spec(level_name, frame_size)
@@ -199,16 +200,20 @@ def run_evaluator(flags, logdir, learner, log=print):
         env.close()
         return 0 if stop() else 3
     rows = RunLog(os.path.join(logdir, "eval.csv"), EVAL_COLUMNS, os.path.join(logdir, "eval"), EVAL_TAGS)
-    rounds = _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, log)
+    videos = EvalVideos.open(flags, logdir, log) if flags.eval_video_every else None
+    rounds = _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, log, videos)
     rows.close()
     env.close()
+    if videos is not None:
+        videos.close()
     client.reset()
     log("evaluator: stopped after %d evaluation rounds" % rounds)
     return 0
 
 
-def _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, log):
-    """Evaluation rounds until a signal or the learner's end; returns how many completed."""
+def _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, log, videos=None):
+    """Evaluation rounds until a signal or the learner's end; returns how many completed. videos:
+    an EvalVideos, which records an episode after the rounds it is due at."""
     kind, rounds = policy_kind(flags.eval_policy, flags.level_name), 0
     policy = make_policy(agent, kind)
     while not stop():
@@ -230,7 +235,73 @@ def _evaluate_until_stopped(flags, client, agent, set_weights, env, rows, stop, 
             log("evaluator: policy version %d: %s return %.2f +- %.2f over %d episodes%s"
                 % (client.version, kind, np.mean(returns), np.std(returns), len(returns),
                    " (%d capped)" % sum(capped) if any(capped) else ""))
+            if videos is not None and videos.due(rounds):
+                videos.record(policy, agent, client.version, stop, flags.eval_stall_frames)
         t_next = time.time() + flags.test_every_s
         while time.time() < t_next and not stop():
             time.sleep(0.2)
     return rounds
+
+
+def recording(policy, env, show):
+    """The policy that first gives show() the screen it acts on (env.render(), RGB): a video's
+    frame i is the screen of the episode's step i (tools/video.py)."""
+    def recorded(o, f, s):
+        show(env.render())
+        return policy(o, f, s)
+    return recorded
+
+
+def video_fps(env):
+    """An EvalEnv's video frame rate: one screen per agent step at the game's speed."""
+    metadata = {} if env.backend == "native" else env.batch.envs[0].metadata
+    return video_lib.fps_for(env.is_atari, metadata)
+
+
+class EvalVideos:
+    """--eval_video_every=K: after the first round and every K-th from there, one more episode with
+    that round's weights, recorded as <logdir>/videos/eval_v<policy version>.mp4 (a later round at
+    the same version replaces it). It is played in an EvalEnv of its own that renders, so the rounds'
+    env never does (a rendering native Atari env emulates every game twice) and eval.csv is scored
+    as without videos; its games follow one another as the rounds' do."""
+
+    def __init__(self, every, env, folder, log):
+        self.every, self.env, self.folder, self.log = every, env, folder, log
+        self.video = video_lib.EpisodeVideo(video_fps(env))
+
+    @classmethod
+    def open(cls, flags, logdir, log):
+        """The recorder, or None after a warning line where the folder or the env's screen fails."""
+        folder = os.path.join(logdir, "videos")
+        env = None
+        try:
+            video_lib.prepare_dir(folder)
+            env = EvalEnv(flags.level_name, flags.env_backend, flags.seed + 778, agent_lib.frame_size_of(flags),
+                          render=True)  # apart from the rounds' env (seed + 777)
+            env.render()
+        except Exception as e:  # a read-only run folder, MuJoCo without OpenGL on a headless machine
+            if env is not None:
+                env.close()
+            log("evaluator: warning: --eval_video_every=%d: no videos (%s: %s)"
+                % (flags.eval_video_every, type(e).__name__, str(e).splitlines()[0][:200]))
+            return None
+        return cls(flags.eval_video_every, env, folder, log)
+
+    def due(self, rounds):
+        return (rounds - 1) % self.every == 0
+
+    def record(self, policy, agent, version, stop, stall_frames):
+        """Plays one episode into its video; a stop inside it drops the file."""
+        self.video.start(os.path.join(self.folder, "eval_v%08d.mp4" % max(version, 0)))
+        try:
+            episodes = play_episodes(recording(policy, self.env, self.video.add), agent, self.env, 1, stop,
+                                     stall_frames=stall_frames, log=lambda line: self.log("evaluator: video: " + line))
+            if episodes.returns:
+                self.log("evaluator: policy version %d, a recorded episode: return %.1f, length %d; %s"
+                         % (version, episodes.returns[0], episodes.lengths[0], self.video.close().line()))
+        finally:
+            self.video.abort()
+
+    def close(self):
+        self.video.abort()
+        self.env.close()

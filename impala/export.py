@@ -17,23 +17,23 @@ Signatures (also plain functions of the loaded object):
                   initial_state(batch_size[]) -> {lstm_hidden, lstm_cell}
 
 `first` is True on an episode's first observation (the LSTM starts it from its initial state,
-as in training)."""
-import json
+as in training). policy.onnx beside it is `policy` for ONNX runtimes (policy_export/onnx_file.py;
+the returned state is called next_lstm_hidden, next_lstm_cell there); policy.json's `onnx` is null,
+with the reason in `onnx_not_written`, where tf2onnx cannot convert the agent."""
 import os
-import shutil
 import time
 
 import numpy as np
 import tensorflow as tf
 
-import envs
 from envs import batch as env_batch
 from impala import agent as agent_lib
 from impala import learner as learner_lib
+from policy_export import saved_policy
+# shared with WALL-E's export (walle/export.py); tests and users reach them through this module too
+from policy_export.saved_policy import POLICY_JSON, FORMAT, check_export_dir, describe, env_wrappers  # noqa: F401
 
-POLICY_JSON = "policy.json"
 STATE_NAMES = ("lstm_hidden", "lstm_cell")  # snt.LSTMState's fields, in its order
-FORMAT = 1
 
 
 class ExportedPolicy(tf.Module):
@@ -85,72 +85,16 @@ class ExportedPolicy(tf.Module):
         return dict(zip(STATE_NAMES, tf.nest.flatten(self.agent.initial_state(batch_size))))
 
 
-def env_wrappers(level_name, frame_size):
-    """What a player must do to the env gymnasium.make gives, in order, so that the policy sees what
-    --mode=test's Python backend gives the agent (envs/factory.py)."""
-    if not envs.is_atari(level_name):
-        return [{"wrapper": "gymnasium.make", "kwargs": {}},
-                {"wrapper": "cast observations to float32", "kwargs": {}}]
-    width, height = envs.width_height(frame_size)
-    make = {"frameskip": 1}
-    if level_name.startswith("ALE/"):
-        make["repeat_action_probability"] = envs.factory.V5_REPEAT_ACTION_PROBABILITY
-    return [{"wrapper": "gymnasium.make", "kwargs": make},
-            {"wrapper": "gymnasium.wrappers.AtariPreprocessing",
-             "kwargs": {"noop_max": envs.NOOP_MAX, "frame_skip": envs.FRAME_SKIP,
-                        "screen_size": width if width == height else [width, height],
-                        "terminal_on_life_loss": False, "grayscale_obs": True, "scale_obs": False}},
-            {"wrapper": "fire after reset and after a lost life (FIRE then UP) in games whose action 1 is FIRE",
-             "kwargs": {}},
-            {"wrapper": "gymnasium.wrappers.FrameStackObservation",
-             "kwargs": {"stack_size": envs.FRAME_STACK, "padding_type": "reset"}},
-            {"wrapper": "move the stack's axis last: [stack, H, W] -> [H, W, stack] uint8", "kwargs": {}}]
-
-
-def describe(spec, level_name, agent_name, frame_size, extra):
-    """policy.json's content but for the state's part, which save_policy adds from the agent."""
-    if spec.discrete:
-        action = {"type": "Discrete", "n": spec.num_actions, "dtype": "int32"}
-    else:
-        action = {"type": "Box", "shape": [spec.action_dim], "low": list(spec.action_low),
-                  "high": list(spec.action_high), "dtype": "float32"}
-    info = {"format": FORMAT, "env_id": level_name, "agent_name": agent_name,
-            "observation": {"shape": list(spec.obs_shape), "dtype": np.dtype(spec.obs_dtype).name},
-            "action_space": action, "env_wrappers": env_wrappers(level_name, frame_size)}
-    info.update(extra)
-    return info
-
-
-def check_export_dir(export_dir):
-    """Whether export_dir holds an earlier export (to replace); raises FileExistsError naming it when it
-    holds other files, which an export must not delete."""
-    if not (os.path.isdir(export_dir) and os.listdir(export_dir)):
-        return False
-    if not os.path.exists(os.path.join(export_dir, "saved_model.pb")):
-        raise FileExistsError("--export_dir=%s holds files that are not an exported policy; give an empty "
-                              "or new folder" % export_dir)
-    return True
-
-
-def save_policy(agent, spec, export_dir, info):
-    """Writes the SavedModel and policy.json into export_dir (replacing an earlier export there);
-    returns (its size in bytes, policy.json's content)."""
+def save_policy(agent, spec, export_dir, info, onnx=True, log=print):
+    """Writes the SavedModel, policy.onnx (if `onnx` and tf2onnx converts the agent) and policy.json
+    into export_dir (replacing an earlier export there); returns (its size in bytes, policy.json's content)."""
     module = ExportedPolicy(agent, spec)
-    states = list(STATE_NAMES) if module.recurrent else []
-    info = dict(info, recurrent=module.recurrent, state=[
-        {"name": n, "shape": list(s.shape[1:]), "dtype": s.dtype.name}
-        for n, s in zip(states, tf.nest.flatten(agent.initial_state(1)))],
-        inputs=["observation"] + (["first"] if states else []) + ["deterministic"] + states,
-        outputs=["action", "value"] + states)
+    states = tf.nest.flatten(agent.initial_state(1))
+    info = dict(info, **saved_policy.signature_info(module, dict(zip(STATE_NAMES, states))))
     signatures = {"serving_default": module.policy}
     if module.recurrent:
         signatures["initial_state"] = module.initial_state
-    if check_export_dir(export_dir):
-        shutil.rmtree(export_dir)  # an earlier export: its variables must not outlive it
-    tf.saved_model.save(module, export_dir, signatures=signatures)
-    with open(os.path.join(export_dir, POLICY_JSON), "w") as f:
-        json.dump(info, f, indent=2)
-    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(export_dir) for n in names), info
+    return saved_policy.write_export(module, export_dir, info, signatures, onnx=onnx, log=log)
 
 
 def export_run(flags, source, export_dir, log=print):
@@ -166,8 +110,9 @@ def export_run(flags, source, export_dir, log=print):
         "checkpoint": os.path.abspath(prefix), "env_module": list(flags.env_module),
         "normalize_observations": bool(flags.normalize_observations),
         "test_mode_policy": evaluator.policy_kind(flags.eval_policy, flags.level_name),
-        "test_mode_seed": flags.seed + evaluator.TEST_SEED_OFFSET,
+        "test_mode_seed": flags.seed + evaluator.TEST_SEED_OFFSET, "test_mode_reset_seeds": "once",
         "test_mode_env_backend": env_batch.resolve_backend(flags.env_backend, flags.level_name)})
-    size, info = save_policy(agent, spec, export_dir, info)
-    log("wrote %s (%.1f MB, %.1f s)" % (export_dir, size / 1e6, time.time() - start))
+    size, info = save_policy(agent, spec, export_dir, info, onnx=flags.export_onnx, log=log)
+    log("wrote %s (%.1f MB, %.1f s%s)" % (export_dir, size / 1e6, time.time() - start,
+                                          ", with %s" % info["onnx"] if info["onnx"] else ""))
     return info

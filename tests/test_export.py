@@ -84,11 +84,12 @@ def test_a_cartpole_export_replays_test_modes_episodes_without_the_project(tmp_p
 
 
 def test_the_player_imports_only_tensorflow_gymnasium_numpy_and_the_standard_library():
+    """ale_py for Atari and imageio for --video_dir are imported only where they are used."""
     tree = ast.parse(open(PLAYER).read())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     third_party = names - set(sys.stdlib_module_names)
-    assert third_party == {"tensorflow", "gymnasium", "numpy", "ale_py"}, third_party
+    assert third_party == {"tensorflow", "gymnasium", "numpy", "ale_py", "imageio"}, third_party
 
 
 def _export(agent, spec, path, level_name, agent_name):

@@ -47,12 +47,21 @@ def _add_run_arguments(group, default_batch_size, default_num_samplers):
 
 
 def _add_checkpoint_arguments(group):
-    group.add_argument("--mode", choices=("train", "train_w_load", "test"), default="train",
+    group.add_argument("--mode", choices=("train", "train_w_load", "test", "export"), default="train",
                        help="train: a new run; train_w_load: continue the run --load_model_url names (its "
                             "flags, then the ones given here; --iterations and --max_steps count the whole "
-                            "run); test: --eval_episodes (10 if 0) with its policy -> test_results.json")
+                            "run); test: --eval_episodes (10 if 0) with its policy -> test_results.json; "
+                            "export: its policy as a TensorFlow SavedModel (--export_dir) that "
+                            "sandbox/play_policy.py plays without this project")
     group.add_argument("--load_model_url", default="",
                        help="a run folder (its newest checkpoint) or <run>/checkpoints/ckpt-N")
+    group.add_argument("--export_dir", default="",
+                       help="--mode=export: where the SavedModel, its policy.json and policy.onnx go (empty: "
+                            "<run folder>/exported; an earlier export there is replaced)")
+    group.add_argument("--export_onnx", action=argparse.BooleanOptionalAction, default=True,
+                       help="--mode=export: also write policy.onnx, the same policy converted by tf2onnx "
+                            "(opset 17) for ONNX runtimes such as onnxruntime; --no-export_onnx: the "
+                            "SavedModel alone")
     group.add_argument("--checkpoint_every_s", type=float_arg, default=600.0,
                        help="seconds between checkpoints (0: only at the end, at Ctrl-C and when a sampler "
                             "fails; those always)")
@@ -158,17 +167,21 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def main(argv, description, default_batch_size, default_num_samplers, allow_num_samplers=True):
-    """Parses and checks the flags, then trains; returns the process exit status."""
+    """Parses and checks the flags, then trains (or tests, or exports); returns the process exit status."""
     parser = make_parser(description, default_batch_size, default_num_samplers)
     args = with_saved_flags(parser, argv, parser.parse_args(argv))
-    if not allow_num_samplers and args.num_samplers != 1:
+    if not allow_num_samplers and args.num_samplers != 1 and args.mode != "export":  # an export samples nothing
         parser.error("ppo_main.py runs one process (-n 1); use ppo_parallel_main.py for -n N")
     spec = check_arguments(parser, args)
     from walle import training  # TensorFlow loads here, once the flags are known to be good
     from walle.checkpoint import CheckpointError
     try:
+        if args.mode == "export":
+            from walle import export
+            export.export_run(args, spec)
+            return 0
         return training.test(args, spec) if args.mode == "test" else training.train(args, spec)
-    except CheckpointError as e:
+    except (CheckpointError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -188,7 +201,7 @@ def _recipe_line(line):
 
 
 def with_saved_flags(parser, argv, args):
-    """--mode=train_w_load / test: the saved run's flags, overridden by those on the command line
+    """--mode=train_w_load / test / export: the saved run's flags, overridden by those on the command line
     (argparse fills in a default only where the namespace has no value yet); the run folder stays
     the log folder unless --logdir is given."""
     if args.mode == "train":
@@ -201,7 +214,8 @@ def with_saved_flags(parser, argv, args):
         saved = config.load_flags(args.load_model_url)
     except ValueError as e:
         parser.error(str(e))
-    keep = {k: v for k, v in saved.items() if k not in ("mode", "load_model_url", "logdir", "env_name")}
+    keep = {k: v for k, v in saved.items()
+            if k not in ("mode", "load_model_url", "logdir", "env_name", "export_dir", "export_onnx")}
     resumed = parser.parse_args(argv, argparse.Namespace(**keep))
     resumed.env_name = resumed.env_name or saved.get("env_name")
     changed = config.changed_fixed_flags(saved, resumed)

@@ -28,6 +28,7 @@ from walle.agent import PPO
 from walle.config import run_folder, save_flags
 
 RESUME_SEED_STRIDE = 7919  # sampler seeds of a run resumed at iteration i: --seed + stride * i
+EVAL_SEED_OFFSET = 10_000  # evaluation episode i's env seed: --seed + offset + i (apart from the samplers')
 
 PROGRESS_FIELDS = [
     "iteration", "steps", "time", "episodes", "return_mean", "return_last10", "episode_length",
@@ -101,7 +102,7 @@ def run_iterations(args, agent, samplers, rows, progress, checkpointer):
 def write_eval(args, params, steps, logdir, filename="eval.json", **extra):
     """--eval_episodes: the policy's deterministic returns -> <logdir>/<filename>."""
     t0 = time.time()
-    returns = samplers_lib.evaluate(args.env_name, params, args.eval_episodes, seed=args.seed + 10_000)
+    returns = samplers_lib.evaluate(args.env_name, params, args.eval_episodes, seed=args.seed + EVAL_SEED_OFFSET)
     result = {"steps": steps, "episodes": len(returns), "return_mean": float(np.mean(returns)),
               "return_std": float(np.std(returns)), "returns": returns, "seconds": time.time() - t0, **extra}
     with open(os.path.join(logdir, filename), "w") as f:

@@ -371,10 +371,52 @@ def load_saved_options(path):
     return {}, d
 
 
+# Keys save_options writes besides RUN_FLAGS (said, not restored).
+SAVED_EXTRA_KEYS = ("mode", "learner_hosts", "learner_host", "actor_hosts", "argv")
+
+
+def _saved_type_error(name, value):
+    """Why an options.json value cannot be the flag's value (its JSON type or enum), or None."""
+    flag = FLAGS[name]
+    kind = flag.flag_type()
+    if value is None:
+        return None if flag.default is None else "must not be null"
+    if isinstance(flag.default, bool) or kind == "bool":
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(flag.default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(flag.default, float):
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(flag.default, list):
+        ok, want = isinstance(value, list) and all(isinstance(v, str) for v in value), 'a list of strings, e.g. ["256", "256"]'
+    else:
+        ok, want = isinstance(value, str), "a string"
+    if not ok:
+        return "must be %s, got %s" % (want, json.dumps(value))
+    enum = getattr(flag.parser, "enum_values", None)
+    if enum and value not in enum:
+        return "is %s; choose one of %s" % (json.dumps(value), ", ".join(enum))
+    return None
+
+
 def apply_saved_options(saved, where="the run's options.json"):
     """Precedence: command line > options saved with the checkpoint > defaults. A value edited by
-    hand out of its flag's range is one line naming the file, as it would be on the command line
-    (assigned values skip the flags' validators)."""
+    hand out of its flag's range, of the wrong JSON type, or a file that is not a JSON object, is
+    one line naming the file, as it would be on the command line (assigned values skip the flags'
+    validators); an unknown key (a typo, or a flag since removed) is warned of and ignored."""
+    if not isinstance(saved, dict):
+        raise UsageError('%s must hold a JSON object of flag values, e.g. {"level_name": "CartPole-v1", '
+                         '"agent_name": "MLPAgent"}, got a JSON %s' % (where, type(saved).__name__))
+    unknown = sorted(k for k in saved if k not in RUN_FLAGS and k not in SAVED_EXTRA_KEYS)
+    if unknown:
+        print("experiment.py: warning: %s has keys that are not run flags, ignored: %s"
+              % (where, ", ".join(map(str, unknown))), file=sys.stderr, flush=True)
+    for name in RUN_FLAGS:
+        if name in saved and not FLAGS[name].present:
+            why = _saved_type_error(name, saved[name])
+            if why:
+                raise UsageError("%s holds a value its flag refuses: \"%s\" %s (as --%s takes it)"
+                                 % (where, name, why, name))
     for name in RUN_FLAGS:
         if name in saved and not FLAGS[name].present:
             FLAGS[name].value = saved[name]
@@ -521,6 +563,30 @@ def learner_placement(rank, size, hvd):
     return address, actor_ids
 
 
+def check_a_checkpoint_reads(source):
+    """Raises UsageError, naming --load_model_url and the last reason, unless some checkpoint of it
+    reads whole (its index and every tensor of its data files): a resumed run writes into the run
+    folder it loads, which must not happen when the restore is going to fail."""
+    import tensorflow as tf
+    from impala import learner as learner_lib
+    candidates = learner_lib.checkpoint_candidates(source)
+    last = None
+    for prefix in candidates:
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+            return prefix
+        except (tf.errors.OpError, ValueError, IndexError, KeyError, OSError) as e:
+            last = "%s: %s" % (prefix, (str(e).splitlines() or [type(e).__name__])[0][:200])
+    if not candidates:
+        raise UsageError("--load_model_url=%s: no checkpoint listed there (no readable `checkpoint` index file); "
+                         "give a run folder the learner wrote, or a checkpoint prefix such as "
+                         "<run>/checkpoints/ckpt-1" % source)
+    raise UsageError("--load_model_url=%s: no readable checkpoint there (looked at %d; the last, %s); give a run "
+                     "folder whose checkpoint files (.index and .data-*) are whole" % (source, len(candidates), last))
+
+
 def run_learner(reward_clipping_line=None):
     from impala import devices
     from impala import learner as learner_lib
@@ -537,6 +603,8 @@ def run_learner(reward_clipping_line=None):
         logdir = load_saved_options(FLAGS.load_model_url)[1]
     logdir = logdir or default_logdir()
     if rank == 0:
+        if FLAGS.mode == "train_w_load":  # before options.json is rewritten in the folder it resumes
+            check_a_checkpoint_reads(FLAGS.load_model_url)
         save_options(logdir)
     try:
         return training.train(FLAGS, logdir, address, len(actor_ids), rank=rank, size=size, log=log,
@@ -676,7 +744,14 @@ def main(argv):
             if not os.path.exists(src) and not os.path.exists(src + ".index"):
                 raise UsageError("--load_model_url=%s does not exist" % src)
             saved, folder = load_saved_options(src)
-            apply_saved_options(saved, os.path.join(folder, "options.json"))
+            where = os.path.join(folder, "options.json")
+            apply_saved_options(saved, where)
+            if os.path.exists(where):
+                lacking = [n for n in ("level_name", "agent_name") if n not in saved and not FLAGS[n].present]
+                if lacking:
+                    raise UsageError('%s has no "%s": the checkpoint cannot be rebuilt without it; add it '
+                                     '(e.g. "level_name": "CartPole-v1") or pass --%s'
+                                     % (where, '", "'.join(lacking), lacking[0]))
         set_onednn()
         validate_run()
         reward_clipping_line = resolve_reward_clipping()

@@ -21,6 +21,7 @@ from impala import loss as loss_lib
 from impala import precision
 from impala import replay as replay_lib
 from impala import replay_files
+from impala import transport
 from impala.batches import minibatch, step_fields, step_minibatch, to_time_major
 from tools.files import write_json
 
@@ -178,6 +179,7 @@ class Learner:
         one by one."""
         average = (lambda t: hvd.allreduce(t, op=hvd.Average)) if self.size > 1 else None
         self.move_observation_statistics(batch, average)
+        batch = self.bootstrap_at_cuts(batch)
         if self.needs_batch_start_unroll():
             out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
             batch, targets = self.fix_batch_start(batch, out)
@@ -188,6 +190,31 @@ class Learner:
         if self.agent.obs_normaliser is not None:
             self.agent.obs_normaliser.update(nets.preprocess_observation(batch["observation"][:-1]), average,
                                              batch.get("fresh"))
+
+    def bootstrap_at_cuts(self, batch):
+        """The batch with its "timeout_value" [T, B] at each row's last time-limit cut (its
+        "cut_step" [B], -1 where none) replaced by the current net's value of that episode's last
+        observation (shipped by the actor, transport.put_cut_observation), without gradient: the
+        actor's value came from its older weights, and a replayed unroll's from far older ones.
+        Normalisation and frame stacking are the agent's own, as for every observation. Earlier
+        cuts in the same row keep the actor's value. Once per batch, after the observation
+        statistics moved: all its gradient steps bootstrap from it. Unchanged without cut fields
+        (recurrent agents, which would need their core state after the cut)."""
+        if "cut_step" not in batch:
+            return batch
+        cut_step = tf.cast(batch["cut_step"], tf.int32)
+        timeout_value = batch["timeout_value"]
+
+        def fresh():
+            if "cut_frame" in batch:
+                last = transport.cut_stack(batch["observation"], cut_step, batch["cut_frame"])
+            else:
+                last = batch["cut_observation"]
+            out, _ = self.agent(last, tf.zeros_like(cut_step, tf.bool), self.agent.initial_state(tf.shape(cut_step)[0]))
+            at = tf.equal(tf.range(tf.shape(timeout_value)[0])[:, None], cut_step[None, :])  # [T, B]
+            return tf.where(at, tf.stop_gradient(out.baseline)[None, :], timeout_value)
+
+        return dict(batch, timeout_value=tf.cond(tf.reduce_any(cut_step >= 0), fresh, lambda: timeout_value))
 
     def anchored(self):
         """Whether the clipped surrogate's ratio is taken against pi_old (--clip_ratio_to)."""
@@ -408,6 +435,7 @@ def restore_newest_readable(ckpt, path, full):
     otherwise only the agent is needed (testing). Either way the normalisers must
     match (check_normalisers)."""
     candidates = checkpoint_candidates(path)
+    last = None
     for prefix in candidates:
         try:
             check_normalisers(ckpt.agent, prefix)  # reads the index only: an unreadable one raises OpError
@@ -419,10 +447,17 @@ def restore_newest_readable(ckpt, path, full):
             return prefix
         # A truncated data file surfaces as IndexError ('Read less bytes than requested').
         except (tf.errors.OpError, AssertionError, ValueError, IndexError, KeyError, OSError) as e:
+            last = "%s: %s" % (prefix, (str(e).splitlines() or [type(e).__name__])[0][:200])
             print("WARNING: checkpoint %s is unreadable (%s); trying an older one"
-                  % (prefix, str(e).splitlines()[0][:200]), flush=True)
-    raise FileNotFoundError("--load_model_url=%s: no readable checkpoint there (looked at %d)"
-                            % (path, len(candidates)))
+                  % (prefix, str(e).splitlines()[0][:200] if str(e) else type(e).__name__), flush=True)
+    if not candidates:
+        where = os.path.join(path, "checkpoints") if path and os.path.isdir(os.path.join(path, "checkpoints")) else path
+        raise FileNotFoundError("--load_model_url=%s: no checkpoint listed there (%s has no readable `checkpoint` "
+                                "index file); give a run folder the learner wrote, or a checkpoint prefix such "
+                                "as %s" % (path, where, os.path.join(str(where), "ckpt-1")))
+    raise FileNotFoundError("--load_model_url=%s: no readable checkpoint there (looked at %d; the last, %s); "
+                            "give a run folder whose checkpoint files (.index and .data-*) are whole"
+                            % (path, len(candidates), last))
 
 
 def broadcast(learner):

@@ -86,6 +86,8 @@ def fill_unroll(groups, buf, step, T, timings):
         infer(g, 0)
     buf["episode_end"][:] = False
     buf["timeout_value"][:] = 0.0
+    if "cut_step" in buf:  # the last cut of each row: its step and last observation
+        buf["cut_step"][:] = -1
     buf["env_crashes"][:] = 0
     for t in range(T):
         for g in groups:
@@ -101,9 +103,14 @@ def fill_unroll(groups, buf, step, T, timings):
             buf["first"][rows, t + 1] = g.first = r.new_episode  # not at a lost life: envs/batch.py
             timings.add("env", time.perf_counter() - t0)
             if r.final_obs is not None:  # time limits: their value, for the learner to bootstrap from
+                # (the actor's value; a fallback where the learner recomputes it, see cut_step)
                 t0 = time.perf_counter()
                 out, _ = step(tf.constant(r.final_obs), tf.constant(np.zeros_like(r.done)), g.state)
                 buf["timeout_value"][rows, t] = np.where(r.cut, out.baseline.numpy(), 0.0)
+                if "cut_step" in buf:  # the learner bootstraps from its own value of the row's last cut
+                    cut = np.flatnonzero(r.cut)
+                    buf["cut_step"][rows.start + cut] = t
+                    transport.put_cut_observation(buf, rows.start + cut, r.final_obs[cut])
                 timings.add("inference", time.perf_counter() - t0)
             if t + 1 < T:
                 infer(g, t + 1)

@@ -20,7 +20,7 @@ STEP_FIELDS = ("observation", "first", "action", "reward", "done", "timeout_valu
 BATCH_START_PREFIX = "batch_start/"
 # Fields with one value per unroll, never made time-major.
 _BATCH_MAJOR = {"actor_id", "policy_version", "actor_timing", "env_crashes", "actor_host", "actor_cpu",
-                "actor_rss_mb"}
+                "actor_rss_mb", "cut_observation", "cut_frame", "cut_step"}
 
 
 def to_time_major(batch, names):

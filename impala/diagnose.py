@@ -68,6 +68,7 @@ def statistics_stage(learner, tensors):
     agent = learner.agent
     ok = True
     learner.move_observation_statistics(tensors)
+    tensors = learner.bootstrap_at_cuts(tensors)
     if agent.obs_normaliser is not None:
         ok = all([describe("observation normaliser mean", agent.obs_normaliser.mean),
                   describe("observation normaliser var", agent.obs_normaliser.var)])

@@ -57,11 +57,15 @@ class UnrollSpec(NamedTuple):
 
 
 def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_shapes,
-                     weights_size, newest_frames=False):
+                     weights_size, newest_frames=False, cut_observation=False):
     """actions: a number of discrete actions or a nets.distributions policy, which sets the
     action field's shape and dtype and the width of the behaviour policy's parameters.
     newest_frames: stacked frames [H, W, C] travel as the C frames of the first observation
-    and then only each step's newest frame (C times fewer bytes; see stack_frames)."""
+    and then only each step's newest frame (C times fewer bytes; see stack_frames).
+    cut_observation: each unroll also carries the last observation of its last episode cut by a
+    time limit ("cut_observation", or with newest_frames only its newest frame "cut_frame": the
+    older ones are observation cut_step's, see cut_stack) and that cut's step ("cut_step", -1
+    where none), so that the learner bootstraps from its current value there, not the actor's."""
     T = unroll_length
     policy = distributions.make(actions)
     if newest_frames:
@@ -77,8 +81,17 @@ def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_sh
         Field("done", np.dtype(bool), (T,)),
         # The actor's baseline V(x) of the last observation of an episode cut by a time
         # limit (truncated, not terminated), at that step; 0 elsewhere. The learner adds
-        # gamma * V(x) to the reward there: a time limit is not a terminal state.
+        # gamma * V(x) to the reward there: a time limit is not a terminal state. With the
+        # cut_* fields the learner replaces it at the row's last cut by its current V(x).
         Field("timeout_value", np.dtype(np.float32), (T,)),
+    ]
+    if cut_observation:
+        if newest_frames:
+            fields.append(Field("cut_frame", np.dtype(obs_dtype), tuple(obs_shape[:-1])))
+        else:
+            fields.append(Field("cut_observation", np.dtype(obs_dtype), tuple(obs_shape)))
+        fields.append(Field("cut_step", np.dtype(np.int32), ()))
+    fields += [
         # The actor's policy: softmax logits, or a Gaussian's means and log standard deviations.
         Field("behaviour_logits", np.dtype(np.float32), (T, policy.param_size)),
         Field("episode_end", np.dtype(bool), (T,)),
@@ -122,6 +135,28 @@ def put_observation(buf, rows, t, obs, new_game=None):
                            "run with --obs_transfer=stacks" % (C - 1))
     buf["frames"][rows, C - 1 + t] = obs[..., C - 1]
     buf["stack_reset"][rows, t] = new_game
+
+
+def put_cut_observation(buf, rows, obs):
+    """Writes the last observations obs [n, ...] of the episodes cut in the unrolls `rows` (an
+    index array) in the spec's layout: whole, or only their newest frame (cut_stack rebuilds
+    the rest from the observation of the cut's step)."""
+    if "cut_frame" in buf:
+        buf["cut_frame"][rows] = obs[..., -1]
+    else:
+        buf["cut_observation"][rows] = obs
+
+
+def cut_stack(observation, cut_step, cut_frame):
+    """The learner's side of put_cut_observation with newest frames (TensorFlow): the stacked
+    last observations [B, H, W, C] of the cut episodes from the stacked observations
+    [T+1, B, H, W, C], the cuts' steps [B] and their newest frames [B, H, W]. The env pushed
+    the last frame onto the stack of observation cut_step (envs/batch.py): its C-1 newest
+    channels, then the last frame. Rows without a cut (cut_step -1) get a stack from
+    observation 0 that nothing reads."""
+    step = tf.maximum(tf.cast(cut_step, tf.int32), 0)
+    at = tf.gather_nd(observation, tf.stack([step, tf.range(tf.shape(step)[0])], axis=1))
+    return tf.concat([at[..., 1:], tf.cast(cut_frame, at.dtype)[..., None]], axis=-1)
 
 
 def stack_frames(frames, stack_reset):

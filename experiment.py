@@ -564,9 +564,9 @@ def learner_placement(rank, size, hvd):
 
 
 def check_a_checkpoint_reads(source):
-    """Raises UsageError, naming --load_model_url and the last reason, unless some checkpoint of it
-    reads whole (its index and every tensor of its data files): a resumed run writes into the run
-    folder it loads, which must not happen when the restore is going to fail."""
+    """Raises restore's own one-line error unless some checkpoint of --load_model_url reads whole
+    (its index and every tensor of its data files): a resumed run writes into the run folder it
+    loads, which must not happen when the restore is going to fail."""
     import tensorflow as tf
     from impala import learner as learner_lib
     candidates = learner_lib.checkpoint_candidates(source)
@@ -578,13 +578,8 @@ def check_a_checkpoint_reads(source):
                 reader.get_tensor(name)
             return prefix
         except (tf.errors.OpError, ValueError, IndexError, KeyError, OSError) as e:
-            last = "%s: %s" % (prefix, (str(e).splitlines() or [type(e).__name__])[0][:200])
-    if not candidates:
-        raise UsageError("--load_model_url=%s: no checkpoint listed there (no readable `checkpoint` index file); "
-                         "give a run folder the learner wrote, or a checkpoint prefix such as "
-                         "<run>/checkpoints/ckpt-1" % source)
-    raise UsageError("--load_model_url=%s: no readable checkpoint there (looked at %d; the last, %s); give a run "
-                     "folder whose checkpoint files (.index and .data-*) are whole" % (source, len(candidates), last))
+            last = learner_lib.unreadable_reason(prefix, e)
+    raise learner_lib.no_readable_checkpoint(source, candidates, last)
 
 
 def run_learner(reward_clipping_line=None):

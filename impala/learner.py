@@ -447,17 +447,28 @@ def restore_newest_readable(ckpt, path, full):
             return prefix
         # A truncated data file surfaces as IndexError ('Read less bytes than requested').
         except (tf.errors.OpError, AssertionError, ValueError, IndexError, KeyError, OSError) as e:
-            last = "%s: %s" % (prefix, (str(e).splitlines() or [type(e).__name__])[0][:200])
+            last = unreadable_reason(prefix, e)
             print("WARNING: checkpoint %s is unreadable (%s); trying an older one"
                   % (prefix, str(e).splitlines()[0][:200] if str(e) else type(e).__name__), flush=True)
+    raise no_readable_checkpoint(path, candidates, last)
+
+
+def unreadable_reason(prefix, e):
+    """'prefix: the first line of why it could not be read', for no_readable_checkpoint."""
+    return "%s: %s" % (prefix, (str(e).splitlines() or [type(e).__name__])[0][:200])
+
+
+def no_readable_checkpoint(path, candidates, last):
+    """The one-line error for --load_model_url=path when none of its checkpoint candidates
+    read (last: unreadable_reason of the last one tried), or none is listed at all."""
     if not candidates:
         where = os.path.join(path, "checkpoints") if path and os.path.isdir(os.path.join(path, "checkpoints")) else path
-        raise FileNotFoundError("--load_model_url=%s: no checkpoint listed there (%s has no readable `checkpoint` "
-                                "index file); give a run folder the learner wrote, or a checkpoint prefix such "
-                                "as %s" % (path, where, os.path.join(str(where), "ckpt-1")))
-    raise FileNotFoundError("--load_model_url=%s: no readable checkpoint there (looked at %d; the last, %s); "
-                            "give a run folder whose checkpoint files (.index and .data-*) are whole"
-                            % (path, len(candidates), last))
+        return FileNotFoundError("--load_model_url=%s: no checkpoint listed there (%s has no readable `checkpoint` "
+                                 "index file); give a run folder the learner wrote, or a checkpoint prefix such "
+                                 "as %s" % (path, where, os.path.join(str(where), "ckpt-1")))
+    return FileNotFoundError("--load_model_url=%s: no readable checkpoint there (looked at %d; the last, %s); "
+                             "give a run folder whose checkpoint files (.index and .data-*) are whole"
+                             % (path, len(candidates), last))
 
 
 def broadcast(learner):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets everything up (./install.sh) and runs the test suite.
-#   ./test.sh              default suite (< 15 min on 2 cores)
+#   ./test.sh              default suite (under 10 min on 2 cores)
 #   ./test.sh -m slow      the long tests
 #   ./test.sh -m ""        everything
 set -euo pipefail

@@ -56,6 +56,22 @@ class UnrollSpec(NamedTuple):
         return sum(int(np.prod(f.shape)) * np.dtype(f.dtype).itemsize for f in self.fields)
 
 
+def _observation_fields(obs_shape, obs_dtype, T, newest_frames):
+    if newest_frames:
+        *hw, C = obs_shape
+        return [Field("frames", np.dtype(obs_dtype), (T + C,) + tuple(hw)),
+                Field("stack_reset", np.dtype(bool), (T + 1,))]
+    return [Field("observation", np.dtype(obs_dtype), (T + 1,) + tuple(obs_shape))]
+
+
+def _cut_fields(obs_shape, obs_dtype, newest_frames):
+    if newest_frames:
+        obs = Field("cut_frame", np.dtype(obs_dtype), tuple(obs_shape[:-1]))
+    else:
+        obs = Field("cut_observation", np.dtype(obs_dtype), tuple(obs_shape))
+    return [obs, Field("cut_step", np.dtype(np.int32), ())]
+
+
 def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_shapes,
                      weights_size, newest_frames=False, cut_observation=False):
     """actions: a number of discrete actions or a nets.distributions policy, which sets the
@@ -68,13 +84,7 @@ def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_sh
     where none), so that the learner bootstraps from its current value there, not the actor's."""
     T = unroll_length
     policy = distributions.make(actions)
-    if newest_frames:
-        *hw, C = obs_shape
-        obs_fields = [Field("frames", np.dtype(obs_dtype), (T + C,) + tuple(hw)),
-                      Field("stack_reset", np.dtype(bool), (T + 1,))]
-    else:
-        obs_fields = [Field("observation", np.dtype(obs_dtype), (T + 1,) + tuple(obs_shape))]
-    fields = obs_fields + [
+    fields = _observation_fields(obs_shape, obs_dtype, T, newest_frames) + [
         Field("first", np.dtype(bool), (T + 1,)),
         Field("action", np.dtype(policy.action_dtype.as_numpy_dtype), (T,) + policy.action_shape),
         Field("reward", np.dtype(np.float32), (T,)),
@@ -86,11 +96,7 @@ def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_sh
         Field("timeout_value", np.dtype(np.float32), (T,)),
     ]
     if cut_observation:
-        if newest_frames:
-            fields.append(Field("cut_frame", np.dtype(obs_dtype), tuple(obs_shape[:-1])))
-        else:
-            fields.append(Field("cut_observation", np.dtype(obs_dtype), tuple(obs_shape)))
-        fields.append(Field("cut_step", np.dtype(np.int32), ()))
+        fields += _cut_fields(obs_shape, obs_dtype, newest_frames)
     fields += [
         # The actor's policy: softmax logits, or a Gaussian's means and log standard deviations.
         Field("behaviour_logits", np.dtype(np.float32), (T, policy.param_size)),

@@ -275,6 +275,7 @@ def test_onednn_flag_reaches_tensorflow(flag, expected):
     assert "onednn %s" % expected in r.stdout
 
 
+@pytest.mark.slow  # a whole train, Ctrl-C, resume and test run, about 50 s
 def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     """Trains CartPole on a local cluster, stops it with SIGINT mid-run (checkpoint,
     every process gone within 30 s), resumes with train_w_load (frame counter goes

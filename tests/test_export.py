@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from impala import agent as agent_lib
@@ -55,6 +56,7 @@ def _experiment(*args):
     return r.stdout
 
 
+@pytest.mark.slow  # trains, exports and plays, about 16 s
 def test_a_cartpole_export_replays_test_modes_episodes_without_the_project(tmp_path):
     """Export, then play deterministically from a folder outside the checkout, every module of the
     project unimportable: the episodes --mode=test plays (greedy outside Atari, its env seeded with

@@ -17,6 +17,7 @@ def _check(result):
     assert result["ok"], result
 
 
+@pytest.mark.slow  # a run with an actor killed mid-way, about 25 s
 def test_killed_actor_is_reported_and_training_goes_on(tmp_path):
     r = faults.scenario_kill_actor(_free_base_port(), str(tmp_path))
     _check(r)
@@ -46,6 +47,7 @@ def test_a_resume_that_falls_back_gets_that_checkpoints_replay_buffer(tmp_path):
     _check(faults.scenario_resume_fallback_replay(_free_base_port(), str(tmp_path)))
 
 
+@pytest.mark.slow  # a whole run with a backstop, about 13 s
 def test_enqueues_cut_by_the_backstop_are_not_trained_twice(tmp_path):
     _check(faults.scenario_partial_accept(_free_base_port(), str(tmp_path)))
 

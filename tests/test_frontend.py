@@ -350,6 +350,7 @@ def test_frontend_number_flags_take_ascii_digits_only(run):
     assert run.local_tmux_sessions() == [] and not os.path.exists(run.logdir)
 
 
+@pytest.mark.slow  # waits out several actor restarts, about 12 s
 def test_watch_restarts_a_dead_actor_up_to_max_restarts(run):
     p = free_ports(3)
     csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,",

@@ -821,6 +821,7 @@ def test_train_without_actors_exits_with_code_4(tmp_path, monkeypatch, prefetch)
 _REPLAY = '[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, {"type": "standard", "capacity": 16, "sample_ratio": 0.5}]'
 
 
+@pytest.mark.slow  # two learners trained side by side, about 11 s each
 @pytest.mark.parametrize("replay", [None, _REPLAY])
 def test_prefetching_trains_the_same_batches_as_without(tmp_path, monkeypatch, replay):
     """The same unrolls in the same order give the same final weights with and without the

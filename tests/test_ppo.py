@@ -511,6 +511,7 @@ def wait_for_iterations(proc, logdir, count, timeout=90.0):
     raise AssertionError(f"no {count} iterations within {timeout} s")
 
 
+@pytest.mark.slow  # a WALL-E run and a killed sampler, about 10 s
 def test_sigkilled_sampler_stops_the_run_cleanly(tmp_path):
     logdir = str(tmp_path / "run")
     proc = start_main(["-n", "2"], logdir)
@@ -545,6 +546,7 @@ def test_ctrl_c_stops_agent_and_samplers(tmp_path):
     assert not wait_gone(sampler_procs), "sampler processes outlived the agent"
 
 
+@pytest.mark.slow  # a WALL-E run and a killed agent, about 10 s
 def test_samplers_exit_when_agent_is_killed(tmp_path):
     logdir = str(tmp_path / "run")
     proc = start_main(["-n", "2"], logdir)

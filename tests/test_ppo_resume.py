@@ -25,7 +25,10 @@ def _flat(params):
         np.asarray(params[k]) for k in ("logvar", "obs_mean", "obs_std")]
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(ZOO, clip_epochs=3)], ids=["walle_kl", "zoo_joint"])
+# The zoo's joint loss takes about 17 s: it runs with the slow tests.
+@pytest.mark.parametrize("overrides", [
+    pytest.param({}, id="walle_kl"),
+    pytest.param(dict(ZOO, clip_epochs=3), id="zoo_joint", marks=pytest.mark.slow)])
 def test_a_restored_agent_updates_exactly_as_the_one_it_was_saved_from(tmp_path, overrides):
     """Nets, Adam moments and steps, normalisers, beta/lr multiplier, the value fit's previous batch
     and the minibatch RNG all come back: the next update is the same to the last bit."""
@@ -136,6 +139,7 @@ def test_resume_flags_get_one_clear_error(argv, message):
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # two WALL-E runs, about 12 s
 def test_a_resume_that_would_change_the_nets_is_refused(tmp_path):
     logdir = str(tmp_path / "run")
     assert _run([ENV, "-it", "1", "-b", "200", "-n", "1", "--logdir", logdir]).returncode == 0

@@ -153,7 +153,7 @@ def _checkpoint(run):
     return glob.glob(os.path.join(run, "checkpoints", "*.index"))
 
 
-@pytest.mark.slow  # a whole CartPole run; the default suite runs local_cluster.py whole in test_own_env_command_learns
+@pytest.mark.slow  # a whole CartPole run
 def test_quickstart_train_then_tensorboard_plot_and_test_mode(results_dir_cleanup):
     done = subprocess.run(["bash", "-c", TRAIN], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -179,6 +179,7 @@ def test_quickstart_train_then_tensorboard_plot_and_test_mode(results_dir_cleanu
     assert os.path.exists(os.path.join(run, "exported", "policy.json"))
 
 
+@pytest.mark.slow  # local_cluster.py on a CartPole run to its score, about 25 s
 def test_own_env_command_learns(results_dir_cleanup):
     done = subprocess.run(["bash", "-c", OWN_ENV], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -210,6 +211,7 @@ def test_rack_command_trains_and_ctrl_c_stops_everything(results_dir_cleanup):
     assert _checkpoint(run), said[-3000:]
 
 
+@pytest.mark.slow  # a WALL-E run under Ctrl-C, about 15 s
 def test_walle_command_trains_and_stops_on_ctrl_c(results_dir_cleanup):
     proc = _start(WALLE)
     said = _wait_for(proc, r"(?m)^it +\d+ \| steps", 180)

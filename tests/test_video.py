@@ -85,6 +85,7 @@ def _check(out, folder, shape, fps):
     return lengths
 
 
+@pytest.mark.slow  # trains, tests and plays with video, about 17 s
 def test_cartpole_test_mode_and_the_player_write_an_mp4_per_episode(tmp_path):
     """--mode=test and the player (deterministic: the same episodes) each write episode_001.mp4, ...:
     as many frames as the episode's length (the log's and test_results.json's), 600x400 at

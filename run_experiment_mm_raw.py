@@ -3,7 +3,7 @@
     python run_experiment_mm_raw.py --workers_csv_path=sandbox/local_workers_example.csv \\
         --level_name=CartPole-v1 --agent_name=MLPAgent --batch_size=32 --unroll_length=20
     python run_experiment_mm_raw.py --workers_csv_path=... --action=status   # who is alive
-    python run_experiment_mm_raw.py --workers_csv_path=... --action=watch    # restart dead actors
+    python run_experiment_mm_raw.py --workers_csv_path=... --action=watch    # restart dead actors; move a lost host's actors
     python run_experiment_mm_raw.py --workers_csv_path=... --action=stop     # end everything
     python run_experiment_mm_raw.py ... --dry_run    # print the plan and every command only
 
@@ -38,7 +38,8 @@ code path serves both.
 Where things are: plan.py (CSV + flags -> commands, --dry_run's listing), hosts.py
 (this machine and SSH hosts), launch.py (tmux/process shell snippets, start, stop),
 reach.py (can each actor host open a TCP connection to its learner?), watch.py (status,
-and the loop that restarts dead actors). This file: the flags of the actions and main.
+and the loop that restarts dead actors), hostloss.py (the actors of a lost host move to the
+others). This file: the flags of the actions and main.
 """
 import os
 import signal
@@ -47,6 +48,7 @@ import sys
 from absl import app
 from absl import flags
 
+from cluster import hostloss
 from cluster import hosts as hosts_lib
 from cluster import launch
 from cluster import plan as plan_lib
@@ -60,13 +62,14 @@ flags.DEFINE_string("workers_csv_path", None, "The workers CSV (see workers_csv.
 flags.DEFINE_enum("action", "start", ["start", "stop", "status", "watch"],
                   "start: check, then start actors and learners. stop: end the run's processes and "
                   "tmux sessions of every host. status: which workers are alive. watch: restart dead "
-                  "actors (up to --max_restarts each) until the learners exit.")
+                  "actors (up to --max_restarts each) and move the actors of a host silent for "
+                  "--actor_host_lost_s to the other actor hosts, until the learners exit.")
 flags.DEFINE_bool("dry_run", False, "Check everything and print the plan and every command; start nothing.")
 flags.DEFINE_bool("follow", False, "After start (or with watch): print the learners' log here and restart "
                                    "dead actors until the learners exit; Ctrl-C stops the whole run.")
 flags.DEFINE_string("logdir", None, "Run directory, also passed to experiment.py. Relative paths are relative "
                                     "to --repo_dir. Default: results/<level_name>_<unix time>.")
-for _module in (hosts_lib, plan_lib, launch, reach, watch):  # their flags show in --help too
+for _module in (hosts_lib, plan_lib, launch, reach, watch, hostloss):  # their flags show in --help too
     flags.adopt_module_key_flags(_module)
 FLAGS = flags.FLAGS
 strict_number_flags(FLAGS)  # absl's int() and float() would read --max_restarts=３ as 3
@@ -104,7 +107,13 @@ def load_plan(argv):
     else:  # the logdir only names log files in messages; start noted it in the tmux session
         logdir = FLAGS.logdir or launch.session_logdir() or "(unknown logdir: pass --logdir)"
     logdir = os.path.normpath(os.path.join(FLAGS.repo_dir, logdir))
-    return plan_lib.make_plan(cluster, training_flags, logdir)
+    plan = plan_lib.make_plan(cluster, training_flags, logdir)
+    if FLAGS.action != "start":  # where a watch moved actors off lost hosts, look for them there
+        try:
+            hostloss.apply_moves(plan, hostloss.read_moves(logdir))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return plan
 
 
 def start(plan, hosts) -> int:
@@ -117,6 +126,7 @@ def start(plan, hosts) -> int:
     if FLAGS.dry_run:
         print("dry run: all checks passed; nothing was started")
         return 0
+    hostloss.forget_moves(plan.logdir)
     learners_log = plan.learners_window.log
     offset = os.path.getsize(learners_log) if os.path.exists(learners_log) else 0
     rc = launch.start(plan, hosts)
@@ -142,8 +152,10 @@ def main(argv):
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited as ignored
     try:
         plan = load_plan(argv)
-        # start and watch need every host; stop and status do what they can and say what not
-        hosts = hosts_lib.connect_hosts(plan.cluster, strict=FLAGS.action in ("start", "watch"))
+        # start needs every host; stop and status do what they can and say what not; watch keeps
+        # asking a silent host (its actors move after --actor_host_lost_s, and it may come back)
+        hosts = hosts_lib.connect_hosts(plan.cluster, strict=FLAGS.action == "start",
+                                        keep_unreachable=FLAGS.action == "watch")
     except (UsageError, hosts_lib.HostError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -16,6 +16,8 @@ from absl import flags
 import paramiko
 
 logging.getLogger("paramiko").setLevel(logging.WARNING)  # no per-connection INFO lines
+# nor the late answer to a channel the watch gave up on while a host was silent
+logging.getLogger("paramiko.transport").setLevel(logging.ERROR)
 
 flags.DEFINE_string("ssh_known_hosts", "~/.ssh/known_hosts", "known_hosts file checked for every remote host key.")
 flags.DEFINE_bool("ssh_insecure_ignore_host_keys", False, "Do not check SSH host keys (unsafe outside a "
@@ -130,9 +132,10 @@ class RemoteHost:
             self.client = None
 
 
-def connect_hosts(cluster, strict=True) -> dict:
+def connect_hosts(cluster, strict=True, keep_unreachable=False) -> dict:
     """Host key -> connected host, for this machine and every remote host in the CSV.
-    strict: raise one HostError naming every unreachable host; else print and skip them."""
+    strict: raise one HostError naming every unreachable host; else print and skip them, or with
+    keep_unreachable keep them unconnected (their run() tries to connect again each time)."""
     if FLAGS.ssh_insecure_ignore_host_keys and any(not w.is_local for w in cluster.workers):
         print("WARNING: --ssh_insecure_ignore_host_keys: SSH host keys are NOT checked; anyone on the network "
               "path could pose as the hosts.", file=sys.stderr)
@@ -142,11 +145,12 @@ def connect_hosts(cluster, strict=True) -> dict:
         key = host_key(w)
         if key in hosts:
             continue
+        host = RemoteHost(w)
         try:
-            hosts[key] = RemoteHost(w).connect()
+            hosts[key] = host.connect()
         except HostError as e:
             problems.append(f"{cluster.path}:{w.line}: {e}")
-            hosts[key] = None
+            hosts[key] = host if keep_unreachable else None
     if problems:
         if strict:
             close_hosts(hosts)

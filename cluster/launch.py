@@ -81,7 +81,8 @@ def prelude(plan=None, key=None) -> str:
     ours = []
     if plan is not None:
         ours += ["learner-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.learners) else []
-        ours += [f"actor-{w.index}" for w in plan.cluster.actors if hosts_lib.host_key(w) == key]
+        # the actors' windows, not the CSV: an actor moved off a lost host runs where its window is now
+        ours += [f"actor-{w.name.split('_', 1)[1]}" for w in plan.actor_windows if w.host == key]
         ours += ["evaluator-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.evaluators) else []
     return (f"T={shlex.quote(tmux)}\n"
             f"S={shlex.quote(FLAGS.tmux_sess)}\n"
@@ -160,6 +161,24 @@ echo '#procs'
 run_pids
 echo '#reach'
 """ + reach.log_lines_script([w for w in plan.actor_windows if w.host == key]) + "true\n"
+
+
+def kill_window_script(plan, key, names) -> str:
+    """End the named windows on this host and every process under them: TERM, up to 5 s, then KILL
+    (for the copies of actors that were moved away while this host did not answer)."""
+    lines = [prelude(plan, key), "pids="]
+    for name in names:
+        lines.append(f'root=$($T list-panes -t "=$S:"{shlex.quote(name)} -F "#{{pane_dead}} #{{pane_pid}}" '
+                     f"2>/dev/null | awk '$1 == 0 {{print $2}}')")  # a dead pane's pid may be another's now
+        lines.append('[ -n "$root" ] && pids="$pids $root $(ps -e -o pid=,ppid= | awk -v r="$root" '
+                     "'{par[$1] = $2} END {for (p in par) {a = p; while (a in par && a != r) a = par[a]; "
+                     "if (a == r && p != r) print p}}')\"")
+    lines += ['[ -n "${pids// }" ] && kill -TERM $pids 2>/dev/null',
+              'for i in $(seq 50); do left=""; for p in $pids; do alive "$p" && left="$left $p"; done; '
+              '[ -z "$left" ] && break; sleep 0.1; done',
+              '[ -n "$left" ] && kill -KILL $left 2>/dev/null']
+    lines += [f'$T kill-window -t "=$S:"{shlex.quote(name)} 2>/dev/null' for name in names]
+    return "\n".join(lines) + "\ntrue\n"
 
 
 def learners_alive(plan) -> bool:

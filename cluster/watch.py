@@ -1,17 +1,20 @@
 """Watch: which workers are alive (--action=status), and the loop that restarts dead
-actors until the learners exit (--action=watch, --follow).
+actors until the learners exit (--action=watch, --follow); an actor host that stops
+answering has its actors moved to the others (hostloss.py).
 
 An actor window whose command exited with status 0 is finished, not dead: actors exit 0
 when their learner closed its queue (the run reached its frame budget) or when they were
 interrupted on purpose, so the loop leaves them alone. Any other exit (a crash, kill -9,
 exit 3 after the learner stayed away) is restarted, up to --max_restarts times.
 """
+import concurrent.futures
 import dataclasses
 import glob
 import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 
@@ -19,6 +22,7 @@ from absl import flags
 
 import paramiko
 
+from cluster import hostloss
 from cluster import hosts as hosts_lib
 from cluster import reach
 from cluster.hosts import HostError
@@ -38,16 +42,26 @@ class PaneState:
     exit_status: str
 
 
+def _ask(plan, key, host):
+    """One host's status script; its output, or None (said on stderr) when it does not answer in
+    --ssh_timeout_s (a host that is gone leaves an SSH channel waiting, not an error)."""
+    try:
+        return host.run(status_script(plan, key), timeout=max(FLAGS.ssh_timeout_s, 5.0))[1]
+    except (OSError, HostError, paramiko.SSHException, subprocess.TimeoutExpired) as e:
+        print(f"warning: cannot reach {host.label}: {e or type(e).__name__}", file=sys.stderr)
+        return None
+
+
 def poll(plan, hosts):
     """-> ({(host key, window): PaneState}, {host key: [(job, task, (machine, pid))] of worker
     processes}, {(host key, window): newest connect line of that actor's log}). A host that
-    cannot be reached now is missing from the second dict."""
+    cannot be reached now is missing from the second dict. The hosts are asked all at once, so
+    one that is gone delays the answer by --ssh_timeout_s at most, not once per host."""
     panes, procs, states = {}, {}, {}
-    for key, host in hosts.items():
-        try:
-            rc, out, err = host.run(status_script(plan, key))
-        except (OSError, HostError, paramiko.SSHException) as e:
-            print(f"warning: cannot reach {host.label}: {e}", file=sys.stderr)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        answers = dict(zip(hosts, pool.map(lambda kv: _ask(plan, *kv), hosts.items())))
+    for key, out in answers.items():
+        if out is None:
             continue
         section, machine = None, key
         procs[key] = []
@@ -94,7 +108,9 @@ def status(plan, hosts) -> int:
             print(f"  {w.title:<9} UNKNOWN (cannot reach {w.host})")
         elif p and p.alive:
             alive += 1
-            print(f"  {w.title:<9} alive (pid {p.pid})  {a.address} -> learner {a.index % k}  on {labels[w.host]}")
+            moved = hosts_lib.host_key(a) != w.host  # the CSV's row names the host it left
+            print(f"  {w.title:<9} alive (pid {p.pid})  {'moved here from ' if moved else ''}{a.address} -> learner "
+                  f"{a.index % k}  on {labels[w.host]}")
             state = states.get((w.host, w.name), "")
             if reach.never_connected(state):
                 not_connected += 1
@@ -115,6 +131,10 @@ def status(plan, hosts) -> int:
     print(f"summary: learners {'up' if panes.get(('local', 'learners'), PaneState(False, 0, '')).alive else 'down'},"
           f" {alive}/{len(plan.actor_windows)} actors alive"
           + (f", {not_connected} of them not connected to their learner" if not_connected else ""))
+    moves = hostloss.read_moves(plan.logdir)
+    if moves:
+        print(f"actors moved off lost hosts ({len(moves)}; {hostloss.moves_path(plan.logdir)}):")
+        print("\n".join(hostloss.describe_moves(moves, labels)))
     print_telemetry(plan.logdir)
     return 0 if ok else 1
 
@@ -153,14 +173,17 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
     stop_at_end (--follow): when the learners exit, or on Ctrl-C/SIGTERM, stop the run."""
     restarts = {w.name: 0 for w in plan.actor_windows}
     said = {}  # window -> the connect line last reported
+    loss = hostloss.HostLoss(plan, hosts, _say)
     t0, next_poll = time.time(), 0.0
     # SIGINT may be inherited as ignored (a background job of a non-interactive shell),
     # in which case Python raises no KeyboardInterrupt: install the default handler.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if stop_at_end:
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    moving = (f"moving the actors of a host silent for {FLAGS.actor_host_lost_s:g} s; " if FLAGS.actor_host_lost_s
+              else "")
     _say(f"watching {len(plan.actor_windows)} actor(s) every {FLAGS.watch_interval_s:g} s, restarting each up "
-         f"to {FLAGS.max_restarts} time(s); Ctrl-C "
+         f"to {FLAGS.max_restarts} time(s); {moving}Ctrl-C "
          f"{'stops the run' if stop_at_end else 'ends watching (workers keep running)'}")
     try:
         while True:
@@ -184,7 +207,8 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
                     else:
                         print("actors may still run: stop them with --action=stop", flush=True)
                     return 0 if learners.exit_status == "0" else 1
-                restart_dead_actors(plan, hosts, panes, reachable, restarts)
+                moved = loss.observe(reachable, panes)
+                restart_dead_actors(plan, hosts, panes, reachable, restarts, skip=moved)
                 report_connections(plan, hosts, panes, states, said)
             if FLAGS.watch_timeout_s and time.time() - t0 > FLAGS.watch_timeout_s and not stop_at_end:
                 _say("--watch_timeout_s reached; workers keep running")
@@ -198,12 +222,13 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
         return 130
 
 
-def restart_dead_actors(plan, hosts, panes, reachable, restarts):
+def restart_dead_actors(plan, hosts, panes, reachable, restarts, skip=()):
     """respawn-pane each dead actor window, at most --max_restarts times per actor; an
-    actor that exited 0 is finished and stays so."""
+    actor that exited 0 is finished and stays so. skip: windows just opened elsewhere (this
+    poll's panes predate them)."""
     for w in plan.actor_windows:
         p = panes.get((w.host, w.name))
-        if (p is not None and p.alive) or w.host not in reachable or restarts[w.name] < 0:
+        if (p is not None and p.alive) or w.host not in reachable or restarts[w.name] < 0 or w.name in skip:
             continue
         label = hosts[w.host].label
         if p is None:

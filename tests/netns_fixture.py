@@ -116,6 +116,14 @@ class Host:
         """Run a command in this host's network namespace (not its PID namespace)."""
         return sh("ip", "netns", "exec", self.netns, *argv, check=check)
 
+    def cut(self):
+        """Take the host off the network (its link to the bridge goes down): everything on it
+        keeps running, nothing reaches it or leaves it, as when a switch port or cable fails."""
+        sh("ip", "link", "set", self.veth, "down")
+
+    def heal(self):
+        sh("ip", "link", "set", self.veth, "master", self.rig.bridge, "up")
+
     def processes(self):
         """Command lines of every process on this host but PID 1 (sshd) and this SSH login's own."""
         out = self.ssh("echo $$; ps -e -o pid=,ppid=,args=", check=True).stdout.splitlines()

@@ -8,6 +8,7 @@ would be); each host's /tmp, processes and tmux servers are its own. Needs root.
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,7 +158,7 @@ def test_rig_hosts_are_apart_and_bridged_with_and_without_docker_forward_drop(cl
 # ---------------------------------------------------------------------------
 
 @pytest.mark.slow  # the default suite builds the namespace hosts (test_rig_*)
-def test_three_hosts_start_status_kill_restart_remote_rank_kill_stop(cluster3):
+def test_three_hosts_start_status_kill_restart_cut_a_host_kill_a_remote_rank_stop(cluster3):
     c = cluster3
     h1, h2, h3 = c.rig.hosts
     c.write_csv(learners=[0, 1], actors=[0, 1, 2, 2])  # actor i feeds learner i % 2
@@ -184,6 +185,8 @@ def test_three_hosts_start_status_kill_restart_remote_rank_kill_stop(cluster3):
     wait_for(lambda: c.log("actor_2.log").count("fake actor 2 pid") == 2, 20, "actor 2 to run again")
     print(f"actor 2 restarted and running again {time.time() - t0:.1f} s after the watch started")
 
+    _cut_the_actor_host_and_bring_it_back(c)
+
     # kill -9 the remote learner rank on h2: mpirun ends the job; stop leaves nothing anywhere
     h2.ssh(f"kill -9 {c.worker_pid(h2, '--job_name=learner')}", check=True)
     rc, out, err = c.frontend("--action=watch", "--watch_interval_s=0.5", "--watch_timeout_s=30")
@@ -192,6 +195,45 @@ def test_three_hosts_start_status_kill_restart_remote_rank_kill_stop(cluster3):
     assert rc == 0, out + err
     assert "stopped: no process of this run" in out
     c.assert_nothing_left()
+
+
+def _cut_the_actor_host_and_bring_it_back(c):
+    """h3 loses its network: its two actors keep running there but nobody hears them, so the watch
+    starts them on h1 and h2 (one each: the fewest actors first); when h3 is back, its copies are
+    ended, so each actor runs once again; status tells the history."""
+    h1, h2, h3 = c.rig.hosts
+    watch = subprocess.Popen(c.args("--action=watch", "--watch_interval_s=1", "--actor_host_lost_s=5",
+                                    "--ssh_timeout_s=3"),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2)
+        t_cut = time.time()
+        h3.cut()
+        wait_for(lambda: c.log("actor_2.log").count("fake actor 2 pid") == 3 and
+                 c.log("actor_3.log").count("fake actor 3 pid") == 2, 40, "actors 2 and 3 to start elsewhere")
+        moved_s = time.time() - t_cut
+        assert any("--task=2" in p for p in h1.processes()) and any("--task=3" in p for p in h2.processes())
+        h3.heal()
+        wait_for(lambda: not any("--task=" in p for p in h3.processes()), 30, "h3's stale actors to end")
+        healed_s = time.time() - t_cut
+        time.sleep(1.5)  # the watch's next poll: its lines about the ended copies
+    finally:
+        watch.send_signal(signal.SIGINT)  # Ctrl-C ends the watching; the workers keep running
+        out = watch.communicate(timeout=60)[0]
+    print(out)
+    print(f"actors 2 and 3 ran again {moved_s:.1f} s after h3 was cut; its copies ended {healed_s:.1f} s after")
+    assert f"actor host lost: root@{h3.ip} port 22 has not answered for" in out, out
+    assert f"actor 2 moved from root@{h3.ip} port 22 to root@{h1.ip} port 22" in out, out
+    assert f"actor 3 moved from root@{h3.ip} port 22 to root@{h2.ip} port 22" in out, out
+    assert f"actor 2: ended its stale copy on root@{h3.ip} port 22" in out, out
+    assert "restarted" not in out, out  # a moved actor is not also respawned where it was
+
+    rc, out, err = c.frontend("--action=status")
+    assert rc == 0, out + err
+    assert "4/4 actors alive" in out, out
+    assert re.search(rf"actor 3 +alive .* moved here from {re.escape(h3.ip)}:9004 .* on root@{re.escape(h2.ip)} port 22",
+                     out), out
+    assert "actors moved off lost hosts (2;" in out, out
 
 
 # ---------------------------------------------------------------------------
@@ -268,3 +310,4 @@ def test_finished_run_restarts_nothing_and_train_w_load_resumes_across_hosts(clu
     rc, out, err = c.frontend(f"--logdir={second}", "--action=stop", fake=False)
     assert rc == 0, out + err
     c.assert_nothing_left()
+

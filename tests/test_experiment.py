@@ -412,10 +412,10 @@ def test_two_horovod_ranks_hold_identical_weights(tmp_path):
 def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     """Pong through ale-py's native vector env (the actors' default for Atari) learns with
     the settings of `bench/run.py pong_long` (configs/pong.flags): the mean return of the last
-    20 games climbs from random play (about -20.5) to +5 within 4M frames (seed 1 passed +5
-    at 1.64M and 1.55M frames in the recipe's two runs, seeds 2 and 3 at 1.66M and 2.22M:
-    bench/results/2core-amd-epyc/pong_normalize.md; the run stops there). A frame budget: a
-    slow machine only takes longer (about 4 minutes at 8K frames/s, 11 at 6K to 4M). The recipe
+    20 games climbs from random play (about -20.5) to 0, as many points won as lost, within 4M
+    frames (seed 1 passed 0 at 1.38M and 1.39M frames in the recipe's two runs and +5 at 1.55M
+    and 1.64M: bench/results/2core-amd-epyc/pong_normalize.md; the run stops there). A frame
+    budget: a slow machine only takes longer (about 3 minutes at 8K frames/s to 1.4M). The recipe
     times its precision (--compute_dtype=auto): bfloat16 alone ran 4.8x slower on an AMD EPYC
     without AVX-512 and CI ran out of time. A run that cannot finish says how far it got."""
     from bench import run as harness
@@ -432,13 +432,13 @@ def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
             path = os.path.join(logdir, "metrics.csv")
             rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
             best = max([best] + [float(r["mean_return_20"]) for r in rows if r["mean_return_20"] != "nan"])
-            if best >= 5.0:
+            if best >= 0.0:
                 break
     finally:
         c.stop()
     learner_log = open(os.path.join(logdir, "logs", "learner.log")).read()
     dtype = re.search(r"compute dtype .*", learner_log)
-    assert best >= 5.0, "best mean-20 return %.2f after %s frames at %s frames/s (%s)" % (
+    assert best >= 0.0, "best mean-20 return %.2f after %s frames at %s frames/s (%s)" % (
         best, rows[-1]["frames"] if rows else 0, rows[-1]["fps"] if rows else "?", dtype and dtype.group(0))
 
 

@@ -335,19 +335,7 @@ def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     assert os.path.getsize(os.path.join(logdir, "test_episodes.gif")) > 1000
 
 
-@pytest.mark.slow  # the default suite has this fault in test_faults.py (detected, training goes on)
-def test_actor_death_is_survived(tmp_path):
-    """SIGKILL one of two actors while it trains: the learner goes on with the other to the budget."""
-    logdir = str(tmp_path / "run")
-    c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=30000"], logdir).start()
-    try:
-        assert _wait_for_frames(logdir, 10000, c.learner, 150) >= 10000, "training did not advance"
-        os.killpg(c.actor_procs[0].pid, signal.SIGKILL)
-        assert c.wait(timeout=150) == 0
-    finally:
-        c.stop()
-    summary = json.load(open(os.path.join(logdir, "summary.json")))
-    assert summary["frames"] >= 30000
+# An actor killed mid-run while the learner trains on: tests/test_faults.py (kill_actor).
 
 
 @pytest.mark.slow  # the default suite steps the LSTM agent (test_nets.py)

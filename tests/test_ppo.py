@@ -355,7 +355,8 @@ def read_progress(logdir):
 
 @pytest.fixture(scope="module")
 def trained_runs(tmp_path_factory):
-    """A 3-iteration run of each main; shared by the plot tests."""
+    """A 3-iteration run of each main, the three at once (each mostly waits on its start-up and its
+    samplers); shared by the plot tests. A seeded run repeats itself whatever runs beside it."""
     base = tmp_path_factory.mktemp("ppo_runs")
     runs = {}
     for name, script, extra in [("single", "ppo_main.py", ["-b", "300"]),
@@ -363,9 +364,13 @@ def trained_runs(tmp_path_factory):
                                                                       "--eval_episodes", "2"]),
                                 ("parallel_again", "ppo_parallel_main.py", ["-b", "301", "-n", "2", "--loss", "clip"])]:
         logdir = str(base / name)
-        proc = run_main(script, [ENV, "-it", "3", "--logdir", logdir] + extra)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = (logdir, proc)
+        runs[name] = (logdir, subprocess.Popen([sys.executable, os.path.join(ROOT, script), ENV, "-it", "3",
+                                                "--logdir", logdir] + extra, cwd=ROOT, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True))
+    for name, (logdir, p) in runs.items():
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+        runs[name] = (logdir, subprocess.CompletedProcess(p.args, p.returncode, out, err))
     return runs
 
 

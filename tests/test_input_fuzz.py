@@ -91,13 +91,30 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,corrupt,needles", CASES, ids=[c[0] for c in CASES])
-def test_a_broken_run_folder_is_one_line_naming_it(base_run, tmp_path, name, corrupt, needles):
-    run = tmp_path / "run"
-    shutil.copytree(base_run, run)
-    corrupt(run)
-    before = _snapshot(run)
-    line = _one_error_line(_run(["--mode=test", "--load_model_url=%s" % run, "--test_num_episodes=1"]))
+@pytest.fixture(scope="module")
+def broken_runs(base_run, tmp_path_factory):
+    """Every case's folder, broken, with its --mode=test started at once (each process spends its
+    seconds loading TensorFlow, not on the folder): name -> (folder, its files before, the process)."""
+    started = {}
+    for name, corrupt, _ in CASES:
+        run = tmp_path_factory.mktemp(name) / "run"
+        shutil.copytree(base_run, run)
+        corrupt(run)
+        started[name] = (run, _snapshot(run), subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "experiment.py"), "--mode=test", "--load_model_url=%s" % run,
+             "--test_num_episodes=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT))
+    yield started
+    for _, _, p in started.values():
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+@pytest.mark.parametrize("name,needles", [(c[0], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_a_broken_run_folder_is_one_line_naming_it(broken_runs, name, needles):
+    run, before, p = broken_runs[name]
+    out, err = p.communicate(timeout=300)
+    line = _one_error_line(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     assert str(run) in line and all(n in line for n in needles), line
     assert _snapshot(run) == before
 

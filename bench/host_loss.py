@@ -11,7 +11,8 @@ CartPole with configs/cartpole.flags' learning settings, started with
 --actor_host_lost_s, --ssh_timeout_s). The cut run takes h4 off the network (its link goes
 down, its processes keep running: a failed switch port) --cut_at_s seconds after the learner's
 first metrics row, and brings it back --heal_after_s later. The unbroken run is the same
-command without the cut; the two alternate. Frames/s is metrics.csv's, per --log_every_s.
+command without the cut, run next on the same rig (one of each: the cut run's frames/s before
+the cut is its own baseline). Frames/s is metrics.csv's, per --log_every_s.
 
 Writes bench/results/<machine>/host_loss.md.
 """
@@ -76,10 +77,10 @@ def one_run(rig, work, out_dir, name, frames, cut_at_s=None, heal_after_s=None):
         subprocess.run(["tmux", "-L", f"hl_{tag}", "kill-server"], capture_output=True)
     reader.join(timeout=10)
     rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
-    if rows:  # the curve stays with the table (the run folder goes with the rig)
-        shutil.copy(os.path.join(logdir, "metrics.csv"), os.path.join(out_dir, f"host_loss_{name}_metrics.csv"))
     if not rows:
         raise RuntimeError(f"{name} run wrote no metrics; its frontend said:\n{''.join(out)[-3000:]}")
+    # the curve stays with the table (the run folder goes with the rig)
+    shutil.copy(os.path.join(logdir, "metrics.csv"), os.path.join(out_dir, f"host_loss_{name}_metrics.csv"))
     return {"name": name, "rc": p.returncode, "rows": rows, "events": events, "out": "".join(out),
             "moved_at": _watch_time(out, "moved from"), "lost_at": _watch_time(out, "actor host lost")}
 

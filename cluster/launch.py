@@ -71,6 +71,18 @@ run_pids() {
     }'
 }
 alive() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [ -n "$s" ] && [ "${s#Z}" = "$s" ]; }
+# end_pids TRIES PID...: TERM them, give them TRIES tenths of a second, KILL the rest; true when it
+# had to KILL.
+end_pids() {
+  local tries=$1 i p left=""; shift
+  [ $# -gt 0 ] || return 1
+  kill -TERM "$@" 2>/dev/null
+  for i in $(seq "$tries"); do
+    left=""; for p in "$@"; do alive "$p" && left="$left $p"; done
+    [ -z "$left" ] && return 1; sleep 0.1
+  done
+  kill -KILL $left 2>/dev/null
+}
 """
 
 
@@ -173,10 +185,7 @@ def kill_window_script(plan, key, names) -> str:
         lines.append('[ -n "$root" ] && pids="$pids $root $(ps -e -o pid=,ppid= | awk -v r="$root" '
                      "'{par[$1] = $2} END {for (p in par) {a = p; while (a in par && a != r) a = par[a]; "
                      "if (a == r && p != r) print p}}')\"")
-    lines += ['[ -n "${pids// }" ] && kill -TERM $pids 2>/dev/null',
-              'for i in $(seq 50); do left=""; for p in $pids; do alive "$p" && left="$left $p"; done; '
-              '[ -z "$left" ] && break; sleep 0.1; done',
-              '[ -n "$left" ] && kill -KILL $left 2>/dev/null']
+    lines.append("end_pids 50 $pids")
     lines += [f'$T kill-window -t "=$S:"{shlex.quote(name)} 2>/dev/null' for name in names]
     return "\n".join(lines) + "\ntrue\n"
 
@@ -199,14 +208,7 @@ def finish_script(plan, key) -> str:
     statuses (up to 5 s), close the session, print survivors."""
     return prelude(plan, key) + """
 pids=$(run_pids | awk '{print $1}')
-if [ -n "$pids" ]; then
-  kill -TERM $pids 2>/dev/null
-  for i in $(seq 30); do
-    left=""; for p in $pids; do alive "$p" && left="$left $p"; done
-    [ -z "$left" ] && break; sleep 0.1
-  done
-  [ -n "$left" ] && kill -KILL $left 2>/dev/null && sleep 0.3
-fi
+end_pids 30 $pids && sleep 0.3
 # Let each pane's wrapper write its "exited with status" line to the log before the session goes.
 for i in $(seq 50); do
   $T list-panes -s -t "=$S" -F '#{pane_dead}' 2>/dev/null | grep -q '^0$' || break

@@ -15,6 +15,7 @@ loaded when it is made, which is this one (conftest.py loads before the test mod
 """
 import os
 
+import pytest
 from hypothesis import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,11 +36,16 @@ def pytest_configure(config):
                                        "daemon (started if none runs), run with `-m docker`")
 
 
+# Network-namespace rigs add iptables rules and bridges; the Slurm daemons run as root beside
+# any other Slurm; each Docker test drives the one daemon and its compose project.
+_SERIAL_GROUPS = {"test_multihost.py": "netns", "test_slurm.py": "slurm", "test_docker.py": "docker"}
+
+
 # ---------------------------------------------------------------- leftovers
 # No test may leave a process of this project, a tmux session or a temp directory of
 # ours behind: checked once after the whole session (and reported as an error).
 _TEMP_PREFIXES = ("pong_bench_", "cartpole_bench_", "faults_", "scaling_", "bench_impala_", "soak_",
-                  "replay_bench_")
+                  "replay_bench_", "imtmux")
 
 
 def _our_processes():
@@ -74,12 +80,31 @@ def _temp_dirs():
     return sorted(n for n in os.listdir(d) if n.startswith(_TEMP_PREFIXES))
 
 
+def _xdist_worker(config):
+    """True in a pytest-xdist worker: the leftovers are checked once, by the controller, after every
+    worker has finished (a worker would count the other worker's live runs as its leftovers)."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests that share one machine-wide thing run one after another on the same worker (pytest.ini's
+    # --dist loadgroup); everything else is spread over both workers.
+    for item in items:
+        group = _SERIAL_GROUPS.get(os.path.basename(str(item.fspath)))
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_sessionstart(session):
+    if _xdist_worker(session.config):
+        return
     session.config._leftovers_before = (set(_our_processes()), set(_tmux_sessions()), set(_temp_dirs()))
 
 
 def pytest_sessionfinish(session, exitstatus):
     import time
+    if _xdist_worker(session.config):
+        return
     before = getattr(session.config, "_leftovers_before", (set(), set(), set()))
     deadline = time.time() + 15  # processes told to stop get a moment to exit
     while True:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 SSHD = "/usr/sbin/sshd"
@@ -46,7 +47,9 @@ class Sshd:
         self.host_key = os.path.join(self.dir, "ssh_host_ed25519_key")
         self.client_key = os.path.join(self.dir, "id_ed25519")
         self.known_hosts = os.path.join(self.dir, "known_hosts")
-        self.tmux_tmpdir = os.path.join(self.dir, "tmux")  # the "remote" tmux servers live here
+        # The "remote" tmux servers live here. A short folder of its own: a tmux socket path must fit
+        # in 107 bytes, and pytest-xdist's tmp paths (.../popen-gw0/test_name0/) leave too little.
+        self.tmux_tmpdir = tempfile.mkdtemp(prefix="imtmux")
         self.proc = None
         self._made_run_dir = False
 
@@ -57,7 +60,6 @@ class Sshd:
         authorized = os.path.join(self.dir, "authorized_keys")
         shutil.copy(self.client_key + ".pub", authorized)
         os.chmod(authorized, 0o600)
-        os.makedirs(self.tmux_tmpdir, mode=0o700, exist_ok=True)
         with open(self.host_key + ".pub") as f:
             key_type, key_b64 = f.read().split()[:2]
         with open(self.known_hosts, "w") as f:  # a known_hosts that trusts this server
@@ -113,6 +115,7 @@ SetEnv TMUX_TMPDIR={self.tmux_tmpdir}
                 self.proc.wait()
         if self.proc is not None:
             self.log.close()
+        shutil.rmtree(self.tmux_tmpdir, ignore_errors=True)
         if self._made_run_dir:
             try:
                 os.rmdir("/run/sshd")

@@ -29,8 +29,12 @@ UNIFORM_HALF = ('[{"type": "queue", "capacity": 1, "sample_ratio": 0.5}, '
 
 
 def _free_base_port():
+    """The first base port whose 8 ports are free, searched in this pytest-xdist worker's own range
+    (gw0 from 20000, gw1 from 26000, ...), so two workers never pick the same one before either binds."""
     import socket
-    for base in range(20000, 40000, 50):
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    start = 20000 + 6000 * (worker % 7)
+    for base in range(start, start + 6000, 50):
         ok = True
         for p in range(base, base + 8):
             with socket.socket() as s:

@@ -29,7 +29,7 @@ to logs/learners.log here); `tmux attach -t impala` shows the windows.
 `stop` interrupts every worker (SIGINT, as Ctrl-C would: learners write their
 checkpoint), waits up to --stop_timeout_s, then kills what is left and closes the tmux
 sessions of every host. The run's processes on a host are those under its tmux panes
-plus any whose command line holds this run's --learner_hosts/--actor_hosts lists
+plus any whose command line holds this run's --actor_hosts list
 (e.g. learner ranks that mpirun started on another host).
 
 The same shell snippets run here (bash) and on remote hosts (bash over SSH), so one
@@ -39,7 +39,8 @@ Where things are: plan.py (CSV + flags -> commands, --dry_run's listing), hosts.
 (this machine and SSH hosts), launch.py (tmux/process shell snippets, start, stop),
 reach.py (can each actor host open a TCP connection to its learner?), watch.py (status,
 and the loop that restarts dead actors), hostloss.py (the actors of a lost host move to the
-others). This file: the flags of the actions and main.
+others), learnerloss.py (a failed learner job restarts from its newest checkpoint with the
+learner hosts that answer). This file: the flags of the actions and main.
 """
 import os
 import signal
@@ -51,6 +52,7 @@ from absl import flags
 from cluster import hostloss
 from cluster import hosts as hosts_lib
 from cluster import launch
+from cluster import learnerloss
 from cluster import plan as plan_lib
 from cluster import reach
 from cluster import watch
@@ -62,14 +64,15 @@ flags.DEFINE_string("workers_csv_path", None, "The workers CSV (see workers_csv.
 flags.DEFINE_enum("action", "start", ["start", "stop", "status", "watch"],
                   "start: check, then start actors and learners. stop: end the run's processes and "
                   "tmux sessions of every host. status: which workers are alive. watch: restart dead "
-                  "actors (up to --max_restarts each) and move the actors of a host silent for "
-                  "--actor_host_lost_s to the other actor hosts, until the learners exit.")
+                  "actors (up to --max_restarts each), move the actors of a host silent for "
+                  "--actor_host_lost_s to the other actor hosts, and restart a failed learner job from its "
+                  "newest checkpoint (--learner_restarts), until the learners exit.")
 flags.DEFINE_bool("dry_run", False, "Check everything and print the plan and every command; start nothing.")
 flags.DEFINE_bool("follow", False, "After start (or with watch): print the learners' log here and restart "
                                    "dead actors until the learners exit; Ctrl-C stops the whole run.")
 flags.DEFINE_string("logdir", None, "Run directory, also passed to experiment.py. Relative paths are relative "
                                     "to --repo_dir. Default: results/<level_name>_<unix time>.")
-for _module in (hosts_lib, plan_lib, launch, reach, watch, hostloss):  # their flags show in --help too
+for _module in (hosts_lib, plan_lib, launch, reach, watch, hostloss, learnerloss):  # their flags show in --help too
     flags.adopt_module_key_flags(_module)
 FLAGS = flags.FLAGS
 strict_number_flags(FLAGS)  # absl's int() and float() would read --max_restarts=３ as 3
@@ -108,8 +111,9 @@ def load_plan(argv):
         logdir = FLAGS.logdir or launch.session_logdir() or "(unknown logdir: pass --logdir)"
     logdir = os.path.normpath(os.path.join(FLAGS.repo_dir, logdir))
     plan = plan_lib.make_plan(cluster, training_flags, logdir)
-    if FLAGS.action != "start":  # where a watch moved actors off lost hosts, look for them there
+    if FLAGS.action != "start":  # where a watch restarted the learners or moved actors, look for them there
         try:
+            learnerloss.apply_restarts(plan, learnerloss.read_restarts(logdir))
             hostloss.apply_moves(plan, hostloss.read_moves(logdir))
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -127,6 +131,7 @@ def start(plan, hosts) -> int:
         print("dry run: all checks passed; nothing was started")
         return 0
     hostloss.forget_moves(plan.logdir)
+    learnerloss.forget_restarts(plan.logdir)
     learners_log = plan.learners_window.log
     offset = os.path.getsize(learners_log) if os.path.exists(learners_log) else 0
     rc = launch.start(plan, hosts)

@@ -4,7 +4,7 @@ and kill the run's processes there, and the start/stop actions built on them.
 Every snippet is one bash script that runs the same way here (LocalHost) and on a remote
 host (RemoteHost, over SSH): prelude() defines $T (tmux), $S (session), run_pids and
 alive. The run's processes on a host are those under its tmux panes plus any whose
-command line holds this run's --learner_hosts/--actor_hosts lists (e.g. learner ranks
+command line holds this run's --actor_hosts list (e.g. learner ranks
 that mpirun started on another host).
 """
 import os
@@ -92,7 +92,10 @@ def prelude(plan=None, key=None) -> str:
     tmux = "tmux" + (f" -L {FLAGS.tmux_socket}" if FLAGS.tmux_socket else "")
     ours = []
     if plan is not None:
-        ours += ["learner-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.learners) else []
+        # every learner row's host, also one a restarted job left out (learnerloss.py): a rank left
+        # running there behind a partition is still this run's
+        ours += ["learner-"] if any(hosts_lib.host_key(w) == key for w in plan.csv_learners or plan.cluster.learners) \
+            else []
         # the actors' windows, not the CSV: an actor moved off a lost host runs where its window is now
         ours += [f"actor-{w.name.split('_', 1)[1]}" for w in plan.actor_windows if w.host == key]
         ours += ["evaluator-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.evaluators) else []

@@ -63,6 +63,7 @@ class Plan:
     logdir: str
     windows: list        # actor windows, the evaluator's (started first), then the learners window
     marker: str          # a string only this run's worker command lines contain
+    csv_learners: list = None  # every learner row of the CSV; cluster.learners: those the job runs now
 
     @property
     def first_windows(self):
@@ -99,8 +100,8 @@ def split_training_flags(args) -> list:
 
 
 def worker_argv(cluster, job, task, logdir, training_flags) -> list:
-    # --learner_hosts/--actor_hosts first and --job_name right after them: the stop and
-    # status scripts find the run's processes by that exact text (Plan.marker).
+    # --actor_hosts with --job_name right after it: the stop and status scripts find the run's
+    # processes by that exact text (Plan.marker).
     argv = [FLAGS.python, FLAGS.experiment_script,
             f"--learner_hosts={cluster.learner_hosts}", f"--actor_hosts={cluster.actor_hosts}",
             f"--job_name={job}"]
@@ -110,7 +111,9 @@ def worker_argv(cluster, job, task, logdir, training_flags) -> list:
 
 
 def run_marker(cluster) -> str:
-    return f"--learner_hosts={cluster.learner_hosts} --actor_hosts={cluster.actor_hosts} --job_name="
+    # Not the learner list: a learner job restarted without a lost host (learnerloss.py) is still
+    # this run, and its stale ranks, started with the old list, are found by the same text.
+    return f"--actor_hosts={cluster.actor_hosts} --job_name="
 
 
 def mpirun_argv(cluster, logdir, training_flags) -> list:
@@ -185,7 +188,28 @@ def make_plan(cluster, training_flags, logdir) -> Plan:
                           argv=mpirun_argv(cluster, logdir, training_flags),
                           log=os.path.join(logs, "learners.log")))
     return Plan(cluster=cluster, training_flags=list(training_flags), logdir=logdir,
-                windows=windows, marker=run_marker(cluster))
+                windows=windows, marker=run_marker(cluster), csv_learners=list(cluster.learners))
+
+
+def resume_flags(training_flags, logdir) -> list:
+    """The training flags of a learner job that resumes the run in logdir from its newest checkpoint."""
+    kept = [f for f in training_flags if not f.startswith(("--mode=", "--load_model_url="))]
+    return kept + ["--mode=train_w_load", f"--load_model_url={logdir}"]
+
+
+def reshape(plan, positions, resume):
+    """Point the plan at the CSV's learners at `positions` (rank order), in place: every window's
+    command gets the new --learner_hosts (actor i feeds learner i % K of them), and with resume the
+    learners resume the run from its newest checkpoint."""
+    plan.cluster = dataclasses.replace(plan.cluster, learners=[plan.csv_learners[i] for i in positions])
+    learner_flags = resume_flags(plan.training_flags, plan.logdir) if resume else plan.training_flags
+    for w in plan.windows:
+        if w.name == "learners":
+            w.argv = mpirun_argv(plan.cluster, plan.logdir, learner_flags)
+        elif w.name.startswith("actor_"):
+            w.argv = worker_argv(plan.cluster, "actor", int(w.name.split("_")[1]), plan.logdir, plan.training_flags)
+        else:
+            w.argv = worker_argv(plan.cluster, "evaluator", None, plan.logdir, plan.training_flags)
 
 
 def check_plan(cluster) -> None:

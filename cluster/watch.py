@@ -1,6 +1,8 @@
 """Watch: which workers are alive (--action=status), and the loop that restarts dead
 actors until the learners exit (--action=watch, --follow); an actor host that stops
-answering has its actors moved to the others (hostloss.py).
+answering has its actors moved to the others (hostloss.py); a learner job that fails or
+loses a host restarts from its newest checkpoint with the learners that answer
+(learnerloss.py).
 
 An actor window whose command exited with status 0 is finished, not dead: actors exit 0
 when their learner closed its queue (the run reached its frame budget) or when they were
@@ -23,6 +25,7 @@ from absl import flags
 import paramiko
 
 from cluster import hostloss
+from cluster import learnerloss
 from cluster import hosts as hosts_lib
 from cluster import reach
 from cluster.hosts import HostError
@@ -131,6 +134,10 @@ def status(plan, hosts) -> int:
     print(f"summary: learners {'up' if panes.get(('local', 'learners'), PaneState(False, 0, '')).alive else 'down'},"
           f" {alive}/{len(plan.actor_windows)} actors alive"
           + (f", {not_connected} of them not connected to their learner" if not_connected else ""))
+    restarts = learnerloss.read_restarts(plan.logdir)
+    if restarts:
+        print(f"learner job restarts ({len(restarts)}; {learnerloss.restarts_path(plan.logdir)}):")
+        print("\n".join(learnerloss.describe_restarts(restarts)))
     moves = hostloss.read_moves(plan.logdir)
     if moves:
         print(f"actors moved off lost hosts ({len(moves)}; {hostloss.moves_path(plan.logdir)}):")
@@ -174,6 +181,7 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
     restarts = {w.name: 0 for w in plan.actor_windows}
     said = {}  # window -> the connect line last reported
     loss = hostloss.HostLoss(plan, hosts, _say)
+    relearn = learnerloss.LearnerLoss(plan, hosts, _say)
     t0, next_poll = time.time(), 0.0
     # SIGINT may be inherited as ignored (a background job of a non-interactive shell),
     # in which case Python raises no KeyboardInterrupt: install the default handler.
@@ -182,8 +190,10 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     moving = (f"moving the actors of a host silent for {FLAGS.actor_host_lost_s:g} s; " if FLAGS.actor_host_lost_s
               else "")
+    relearning = (f"restarting a failed learner job up to {FLAGS.learner_restarts} time(s) from its newest "
+                  f"checkpoint; " if FLAGS.learner_restarts else "")
     _say(f"watching {len(plan.actor_windows)} actor(s) every {FLAGS.watch_interval_s:g} s, restarting each up "
-         f"to {FLAGS.max_restarts} time(s); {moving}Ctrl-C "
+         f"to {FLAGS.max_restarts} time(s); {moving}{relearning}Ctrl-C "
          f"{'stops the run' if stop_at_end else 'ends watching (workers keep running)'}")
     try:
         while True:
@@ -197,6 +207,9 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
                     _say(f"no tmux window {FLAGS.tmux_sess}:learners on this machine: the run was not started "
                          f"or is stopped")
                     return 1
+                if not learners.alive and relearn.on_exit(learners.exit_status, reachable):
+                    _reset(restarts)  # every actor was restarted with the new learner list
+                    continue
                 if not learners.alive:
                     if tail_from is not None:
                         time.sleep(0.5)
@@ -207,6 +220,9 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
                     else:
                         print("actors may still run: stop them with --action=stop", flush=True)
                     return 0 if learners.exit_status == "0" else 1
+                if relearn.observe(reachable, learners):
+                    _reset(restarts)
+                    continue
                 moved = loss.observe(reachable, panes)
                 restart_dead_actors(plan, hosts, panes, reachable, restarts, skip=moved)
                 report_connections(plan, hosts, panes, states, said)
@@ -214,12 +230,17 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
                 _say("--watch_timeout_s reached; workers keep running")
                 return 0
             time.sleep(0.5 if tail_from is not None else min(1.0, FLAGS.watch_interval_s))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if stop_at_end:
-            _say("Ctrl-C: stopping the run")
+            _say(f"{'SIGTERM' if isinstance(e, _Terminated) else 'Ctrl-C'}: stopping the run")
             return stop(plan, hosts) or 130
         _say("Ctrl-C: no longer watching; the workers keep running")
         return 130
+
+
+def _reset(restarts):
+    for name in restarts:
+        restarts[name] = 0
 
 
 def restart_dead_actors(plan, hosts, panes, reachable, restarts, skip=()):
@@ -270,8 +291,12 @@ def _say(msg):
     print(f"[watch {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM in --follow: stops the run as Ctrl-C does, and says which it was."""
+
+
 def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def _print_new(path, offset) -> int:

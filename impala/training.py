@@ -16,6 +16,7 @@ from impala import learner as learner_lib
 from impala import transport
 from impala.monitor import Monitor, Stats, bottleneck_report
 from impala.stopping import StopSignal
+from tools import runlog
 
 try:  # Horovod is optional for a single learner
     import horovod.tensorflow as hvd
@@ -177,7 +178,13 @@ def start_learner(flags, logdir, learner_address, num_actors, rank, size, log):
         log("[learner %d] %s" % (rank, learner.compute_dtype_note))
     if flags.mode == "train_w_load":
         restored = learner.restore(flags.load_model_url)
-        log("[learner %d] resumed from %s at %d frames" % (rank, restored, int(learner.num_env_frames.numpy())))
+        frames = int(learner.num_env_frames.numpy())
+        log("[learner %d] resumed from %s at %d frames" % (rank, restored, frames))
+        if learner.is_chief:  # before the Monitor appends to metrics.csv
+            dropped = runlog.drop_rows_after(os.path.join(logdir, "metrics.csv"), "frames", frames)
+            if dropped:
+                log("[learner 0] metrics.csv: %d row(s) past %d frames removed (training after that checkpoint "
+                    "was lost), so the curve goes on from the checkpoint" % (dropped, frames))
     learner_lib.broadcast(learner)
     tp = transport.LearnerTransport(learner_address, learner.spec, flags.queue_capacity, flags.batch_size)
     tp.publish(learner.flat_weights(), int(learner.update_step.numpy()))

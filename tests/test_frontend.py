@@ -13,6 +13,7 @@ its logins their own tmux servers (TMUX_TMPDIR).
 Every test uses its own tmux socket and session name and its own temp dir; finalizers
 kill the tmux servers and any process whose command line names the test's run dir.
 """
+import json
 import os
 import re
 import signal
@@ -45,7 +46,8 @@ flags.DEFINE_string("level_name", "Fake-v0", "")
 flags.DEFINE_integer("batch_size", 32, "")
 flags.DEFINE_float("fake_actor_exit_after_s", 0, "actors exit with --fake_actor_exit_code after this long")
 flags.DEFINE_integer("fake_actor_exit_code", 3, "")
-flags.DEFINE_float("fake_learner_exit_after_s", 0, "learners exit with status 0 after this long")
+flags.DEFINE_float("fake_learner_exit_after_s", 0, "learners exit with --fake_learner_exit_code after this long")
+flags.DEFINE_integer("fake_learner_exit_code", 0, "")
 F = flags.FLAGS
 
 def main(argv):
@@ -60,7 +62,7 @@ def main(argv):
     else:
         rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         me, learner = "learner %d" % rank, F.learner_hosts[rank]
-        exit_after, code = F.fake_learner_exit_after_s, 0
+        exit_after, code = F.fake_learner_exit_after_s, F.fake_learner_exit_code
     print("fake %s pid %d learner %s cvd=%s logdir=%s" % (me, os.getpid(), learner,
           os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"), F.logdir), flush=True)
     if F.job_name == "learner":  # listen on the learner's port, as the real one does
@@ -387,7 +389,8 @@ def test_follow_does_not_restart_finished_actors(run):
     assert_nothing_left(run)
 
 
-def test_follow_prints_the_learner_log_and_ctrl_c_stops_everything(run):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_follow_prints_the_learner_log_and_ctrl_c_or_sigterm_stops_everything(run, sig):
     p = free_ports(3)
     csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,",
                          f"actor,127.0.0.1,{p[2]},,,,"])
@@ -402,15 +405,34 @@ def test_follow_prints_the_learner_log_and_ctrl_c_stops_everything(run):
             if "fake learner 0 heartbeat 3" in line:
                 break
         assert "fake learner 0 heartbeat 3" in "".join(lines), "".join(lines)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=40)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, "".join(lines) + rest
-    assert "Ctrl-C: stopping the run" in rest and "stopped: no process of this run" in rest, rest
+    assert "stopping the run" in rest and "stopped: no process of this run" in rest, rest
     assert_nothing_left(run)
     assert "clean exit" in run.log("learner_0.log")
+
+
+def test_follow_restarts_a_failed_learner_job_with_every_actor_until_the_limit(run):
+    p = free_ports(3)
+    csv = run.write_csv([f"learner,127.0.0.1,{p[0]},,,,", f"actor,127.0.0.1,{p[1]},,,,",
+                         f"actor,127.0.0.1,{p[2]},,,,"])
+    rc, out, err = run.frontend(csv, "--follow", "--watch_interval_s=0.5", "--learner_restarts=1",
+                                "--fake_learner_exit_after_s=2", "--fake_learner_exit_code=1")
+    assert rc == 1, out + err
+    assert "the learners' mpirun exited with status 1 (restart 1/1): restarting the learners on this machine" in out
+    assert "from the start (no checkpoint was written yet)" in out  # the fake writes none
+    assert "not restarting the learners (restarted 1 time(s) already, --learner_restarts=1)" in out, out
+    assert run.log("learner_0.log").count("fake learner 0 pid") == 2
+    for i in range(2):  # each actor restarted with the learner list of the new job
+        assert run.log(f"actor_{i}.log").count("fake actor %d pid" % i) == 2
+    restarts = json.load(open(os.path.join(run.logdir, "learner_restarts.json")))["restarts"]
+    assert [r["learners"] for r in restarts] == [[0]] and restarts[0]["resumed"] == ""
+    assert "stopped: no process of this run" in out
+    assert_nothing_left(run)
 
 
 def test_follow_ends_when_the_learners_exit(run):

@@ -187,10 +187,13 @@ def test_three_hosts_start_status_kill_restart_cut_a_host_kill_a_remote_rank_sto
 
     _cut_the_actor_host_and_bring_it_back(c)
 
-    # kill -9 the remote learner rank on h2: mpirun ends the job; stop leaves nothing anywhere
+    # kill -9 the remote learner rank on h2: mpirun ends the job, which stays ended with restarts
+    # off (test_a_killed_rank_* below restarts it); stop leaves nothing anywhere
     h2.ssh(f"kill -9 {c.worker_pid(h2, '--job_name=learner')}", check=True)
-    rc, out, err = c.frontend("--action=watch", "--watch_interval_s=0.5", "--watch_timeout_s=30")
+    rc, out, err = c.frontend("--action=watch", "--watch_interval_s=0.5", "--watch_timeout_s=30",
+                              "--learner_restarts=0")
     assert "the learners exited (mpirun status" in out, out + err
+    assert "not restarting the learners" in out, out
     rc, out, err = c.frontend("--action=stop")
     assert rc == 0, out + err
     assert "stopped: no process of this run" in out
@@ -234,6 +237,94 @@ def _cut_the_actor_host_and_bring_it_back(c):
     assert re.search(rf"actor 3 +alive .* moved here from {re.escape(h3.ip)}:9004 .* on root@{re.escape(h2.ip)} port 22",
                      out), out
     assert "actors moved off lost hosts (2;" in out, out
+
+
+# ---------------------------------------------------------------------------
+# a learner rank killed, a learner host cut and healed (the real experiment.py)
+# ---------------------------------------------------------------------------
+
+def _metrics_frames(c):
+    import csv
+    path = os.path.join(c.logdir, "metrics.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return [float(r["frames"]) for r in csv.DictReader(f) if r.get("frames")]
+
+
+def _restarts(c):
+    import json
+    path = os.path.join(c.logdir, "learner_restarts.json")
+    try:
+        with open(path) as f:
+            return [r["learners"] for r in json.load(f)["restarts"]]
+    except (OSError, ValueError):
+        return []
+
+
+def _trains_past(c, frames, timeout, what):
+    """Waits until rank 0's metrics.csv passes `frames` frames; returns the newest count."""
+    wait_for(lambda: (_metrics_frames(c) or [0])[-1] > frames, timeout, what)
+    return _metrics_frames(c)[-1]
+
+
+def _resumed_and_training(c, n):
+    """Rank 0 resumed for the n-th time and has printed a progress line since."""
+    log = c.log("learner_0.log")
+    return log.count("] resumed from ") >= n and "[learner 0] frames " in log.rsplit("] resumed from ", 1)[-1]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_and_a_cut_learner_host_restart_the_learners_and_the_run_goes_on(cluster3):
+    """Ranks on h1 and h2. kill -9 of rank 1: mpirun ends the job, the watch restarts both ranks from
+    the newest checkpoint. h2 cut off: rank 0 waits in an allreduce; after --learner_host_lost_s the
+    job restarts on h1 alone (h2's actor moves to h3). h2 back: its stale rank is ended and the job
+    grows back to two ranks. The frame counter never steps back and every actor is fed throughout."""
+    c = cluster3
+    h1, h2, h3 = c.rig.hosts
+    c.write_csv(learners=[0, 1], actors=[0, 1, 2, 2])
+    run = ["--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=4", "--unroll_length=20",
+           "--envs_per_actor=4", "--log_every_s=1", "--checkpoint_every_s=2", "--total_environment_frames=50000000"]
+    follow = subprocess.Popen(c.args(*run, "--follow", "--watch_interval_s=1", "--learner_host_lost_s=6",
+                                     "--actor_host_lost_s=6", "--ssh_timeout_s=3", fake=False),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    times = {}
+    try:
+        frames = _trains_past(c, 10000, 180, "the first 10K frames")
+        h2.ssh(f"kill -9 {c.worker_pid(h2, '--job_name=learner')}", check=True)
+        t = time.time()
+        wait_for(lambda: len(_restarts(c)) == 1, 60, "the learners' restart after rank 1 was killed")
+        wait_for(lambda: _resumed_and_training(c, 1), 120, "training again after the restart")
+        times["rank killed -> training"] = time.time() - t
+
+        t = time.time()
+        h2.cut()
+        wait_for(lambda: len(_restarts(c)) == 2, 60, "the learners' restart without h2")
+        wait_for(lambda: _resumed_and_training(c, 2), 120, "training on h1 alone")
+        times["h2 cut -> training on 1 rank"] = time.time() - t
+
+        t = time.time()
+        h2.heal()
+        wait_for(lambda: len(_restarts(c)) == 3, 90, "the learners growing back to h2")
+        wait_for(lambda: _resumed_and_training(c, 3), 120, "training on two ranks again")
+        times["h2 healed -> training on 2 ranks"] = time.time() - t
+    finally:
+        follow.send_signal(signal.SIGINT)  # --follow: Ctrl-C stops the whole run
+        out = follow.communicate(timeout=180)[0]
+    print(out)
+    print(times)
+    assert _restarts(c) == [[0, 1], [0], [0, 1]], out
+    assert "the learners' mpirun exited with status" in out and "(restart 1/3)" in out, out
+    assert f"learner host root@{h2.ip} port 22 has not answered for" in out, out
+    assert f"learner host root@{h2.ip} port 22 answers again" in out, out
+    assert out.count("resuming from the newest checkpoint in") == 3, out
+    seen = _metrics_frames(c)
+    assert seen == sorted(seen), seen  # rows past a restart's checkpoint were removed: one curve
+    learner0 = c.log("learner_0.log")
+    assert learner0.count("] resumed from ") == 3, learner0
+    assert "[learner 0/1] serving" in learner0 and "[learner 1/2] serving" in c.log("learner_1.log")
+    assert "stopped: no process of this run" in out, out
+    c.assert_nothing_left()
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tools import plotcurve
+from tools import runlog
 from tools.runlog import RunLog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,6 +171,15 @@ def test_a_resumed_run_with_newer_columns_widens_its_file_once(tmp_path):
     log.close()
     lines = path.read_text().splitlines()
     assert lines[0] == "frames,ret,lag,rate,extra" and lines[-1] == "5,50,,,"
+
+
+def test_a_resume_from_an_older_checkpoint_removes_the_rows_past_it(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("frames,ret\n100,1\n200,nan\n,3\n300,4\n400,5\n")
+    assert runlog.drop_rows_after(str(path), "frames", 250) == 2
+    assert path.read_text().splitlines() == ["frames,ret", "100,1", "200,nan", ",3"]
+    assert runlog.drop_rows_after(str(path), "frames", 250) == 0
+    assert runlog.drop_rows_after(str(tmp_path / "none.csv"), "frames", 0) == 0
 
 
 def test_a_kept_copy_of_metrics_csv_is_read_as_metrics_by_its_columns(tmp_path):

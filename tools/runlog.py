@@ -79,6 +79,27 @@ class RunLog:
             self.writer.close()
 
 
+def drop_rows_after(csv_path, column, limit) -> int:
+    """Removes the rows whose `column` is above `limit` (a run resumed from a checkpoint older than
+    its last rows: the training they describe was lost), so the file stays one curve with no step
+    back; returns how many went. Rewritten through a temporary file, as _widen does."""
+    if not os.path.exists(csv_path):
+        return 0
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    kept = [r for r in rows if is_missing(r.get(column)) or float(r[column]) <= limit]
+    if len(kept) == len(rows):
+        return 0
+    tmp = csv_path + ".trim"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, header, restval=EMPTY, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(kept)
+    os.replace(tmp, csv_path)
+    return len(rows) - len(kept)
+
+
 def _widen(csv_path, columns):
     """The columns a resumed run appends under: a file written by a version with fewer columns is
     rewritten once with the new ones added (their old cells empty), so every row keeps one header

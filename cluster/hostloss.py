@@ -13,7 +13,6 @@ Every move is appended to <logdir>/actor_moves.json, which --action=status, watc
 read back (load_plan applies it), so they look for each actor where it runs now.
 """
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import paramiko
 
 from cluster.hosts import HostError
 from cluster.launch import kill_window_script, start_windows_script
-from tools.files import write_json
+from tools.files import read_records, remove_if_there, write_json
 
 flags.DEFINE_float("actor_host_lost_s", 30.0, "watch/--follow: an actor host that has not answered over SSH for "
                                               "this many seconds is lost; its actors are started on the actor "
@@ -47,23 +46,13 @@ def moves_path(logdir):
 
 
 def read_moves(logdir) -> list:
-    """The moves recorded in logdir, oldest first; [] when there are none. A file that is not
-    this module's JSON is named in one line (a hand edit, a disk that filled up)."""
-    path = moves_path(logdir)
-    if not os.path.exists(path):
-        return []
-    try:
-        with open(path) as f:
-            return [Move(**m) for m in json.load(f)["moves"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a list of actor moves ({type(e).__name__}: {e}); move it aside to use "
-                         f"the workers CSV's placement") from None
+    """The moves recorded in logdir, oldest first; [] when there are none."""
+    return read_records(moves_path(logdir), "moves", Move, "actor moves", "use the workers CSV's placement")
 
 
 def forget_moves(logdir):
     """A new start follows the workers CSV again: moves of an earlier run in this folder are void."""
-    if os.path.exists(moves_path(logdir)):
-        os.remove(moves_path(logdir))
+    remove_if_there(moves_path(logdir))
 
 
 def apply_moves(plan, moves):

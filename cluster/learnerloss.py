@@ -20,7 +20,6 @@ Every restart is appended to <logdir>/learner_restarts.json; --action=status, wa
 it back (load_plan applies it), so they know which learners the job runs now.
 """
 import dataclasses
-import json
 import os
 import shlex
 import time
@@ -33,7 +32,7 @@ from cluster import hosts as hosts_lib
 from cluster import plan as plan_lib
 from cluster.hosts import HostError
 from cluster.launch import kill_window_script, learners_alive, prelude, start_windows_script
-from tools.files import write_json
+from tools.files import read_records, remove_if_there, write_json
 
 flags.DEFINE_integer("learner_restarts", 3, "watch/--follow: restarts of the learner job after it failed (a rank "
                                             "died, or a learner host went silent) before the run is given up; "
@@ -65,23 +64,14 @@ def restarts_path(logdir):
 
 
 def read_restarts(logdir) -> list:
-    """The restarts recorded in logdir, oldest first; [] when there are none. A file that is not
-    this module's JSON is named in one line."""
-    path = restarts_path(logdir)
-    if not os.path.exists(path):
-        return []
-    try:
-        with open(path) as f:
-            return [Restart(**r) for r in json.load(f)["restarts"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a list of learner restarts ({type(e).__name__}: {e}); move it aside to "
-                         f"use the workers CSV's learners") from None
+    """The restarts recorded in logdir, oldest first; [] when there are none."""
+    return read_records(restarts_path(logdir), "restarts", Restart, "learner restarts",
+                        "use the workers CSV's learners")
 
 
 def forget_restarts(logdir):
     """A new start runs the CSV's learners: restarts of an earlier run in this folder are void."""
-    if os.path.exists(restarts_path(logdir)):
-        os.remove(restarts_path(logdir))
+    remove_if_there(restarts_path(logdir))
 
 
 def apply_restarts(plan, restarts):

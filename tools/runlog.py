@@ -82,22 +82,26 @@ class RunLog:
 def drop_rows_after(csv_path, column, limit) -> int:
     """Removes the rows whose `column` is above `limit` (a run resumed from a checkpoint older than
     its last rows: the training they describe was lost), so the file stays one curve with no step
-    back; returns how many went. Rewritten through a temporary file, as _widen does."""
+    back; returns how many went."""
     if not os.path.exists(csv_path):
         return 0
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         header, rows = list(reader.fieldnames or []), list(reader)
     kept = [r for r in rows if is_missing(r.get(column)) or float(r[column]) <= limit]
-    if len(kept) == len(rows):
-        return 0
-    tmp = csv_path + ".trim"
+    if len(kept) < len(rows):
+        _rewrite(csv_path, header, kept)
+    return len(rows) - len(kept)
+
+
+def _rewrite(csv_path, header, rows):
+    """The file as `header` and `rows`, through a temporary file: a crash leaves the old file whole."""
+    tmp = csv_path + ".rewrite"
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, header, restval=EMPTY, extrasaction="ignore")
         w.writeheader()
-        w.writerows(kept)
+        w.writerows(rows)
     os.replace(tmp, csv_path)
-    return len(rows) - len(kept)
 
 
 def _widen(csv_path, columns):
@@ -117,10 +121,5 @@ def _widen(csv_path, columns):
         for row in rows:
             row.update(zip(columns[len(have):], row.pop(None, [])))
     widened = list(columns) + [c for c in have if c not in columns]
-    tmp = csv_path + ".widen"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, widened, restval=EMPTY, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, csv_path)
+    _rewrite(csv_path, widened, rows)
     return widened

@@ -151,7 +151,9 @@ def scenario_kill_horovod_rank(base, work):
     logdir = os.path.join(work, "kill_rank")
     c = LocalCluster(2, base, FLAGS + ["--total_environment_frames=10000000"], logdir, num_learners=2).start()
     try:
-        wait_for(lambda: newest_checkpoint_frames(logdir)[1], 180)
+        if wait_for(lambda: newest_checkpoint_frames(logdir)[1], 300) is None:
+            raise RuntimeError(f"no checkpoint past 0 frames in {logdir} within 300 s:\n"
+                               + common.log_text(logdir)[-3000:])
         rank1 = wait_for(lambda: [p for p in _procs_with("--job_name=learner", logdir)
                                   if p.environ().get("OMPI_COMM_WORLD_RANK") == "1"], 30)
         t_kill = time.time()

@@ -36,9 +36,14 @@ def pytest_configure(config):
                                        "daemon (started if none runs), run with `-m docker`")
 
 
-# Network-namespace rigs add iptables rules and bridges; the Slurm daemons run as root beside
-# any other Slurm; each Docker test drives the one daemon and its compose project.
-_SERIAL_GROUPS = {"test_multihost.py": "netns", "test_slurm.py": "slurm", "test_docker.py": "docker"}
+# Network-namespace rigs add iptables rules and bridges; the README's commands and the Slurm
+# launcher use the default learner port 8001; each Docker test drives the one daemon and its
+# compose project.
+_SERIAL_GROUPS = {"test_multihost.py": "netns", "test_readme.py": "port_8001", "test_slurm.py": "port_8001",
+                  "test_docker.py": "docker"}
+# The longest tests start first, so neither worker is left running one alone at the end.
+_LONGEST_FIRST = ("test_pong_learns_with_the_native_backend_within_a_frame_budget",
+                  "test_the_suite_resumes_a_run_that_was_cut_off", "test_the_suite_runs_every_variant")
 
 
 # ---------------------------------------------------------------- leftovers
@@ -93,6 +98,7 @@ def pytest_collection_modifyitems(config, items):
         group = _SERIAL_GROUPS.get(os.path.basename(str(item.fspath)))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.name not in _LONGEST_FIRST)  # a stable sort: the rest keep their order
 
 
 def pytest_sessionstart(session):

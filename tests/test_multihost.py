@@ -332,7 +332,7 @@ def test_a_killed_rank_and_a_cut_learner_host_restart_the_learners_and_the_run_g
 # ---------------------------------------------------------------------------
 
 @pytest.mark.slow  # the default suite builds the namespace hosts (test_rig_*)
-def test_firewall_between_two_hosts_is_reported_by_frontend_and_actor(cluster3):
+def test_a_firewall_is_reported_and_a_healed_30_s_partition_is_outlived(cluster3):
     c = cluster3
     h1, h2, h3 = c.rig.hosts
     c.write_csv(learners=[0], actors=[1, 2])
@@ -341,7 +341,7 @@ def test_firewall_between_two_hosts_is_reported_by_frontend_and_actor(cluster3):
                  "-j", "DROP")
     t0 = time.time()
     rc, out, err = c.frontend("--level_name=CartPole-v1", "--agent_name=MLPAgent", "--batch_size=4",
-                              "--unroll_length=20", "--envs_per_actor=2", "--log_every_s=3",
+                              "--unroll_length=20", "--envs_per_actor=2", "--log_every_s=3", "--actor_timeout_s=10",
                               "--total_environment_frames=100000000", fake=False, timeout=180)
     took = time.time() - t0
     expected = (f"error: actor host root@{h2.ip} port 22 cannot open a TCP connection to learner 0 at {h1.ip} "
@@ -361,6 +361,21 @@ def test_firewall_between_two_hosts_is_reported_by_frontend_and_actor(cluster3):
     assert rc == 1, out + err
     assert re.search(rf"actor 0 .*\n\s+NOT CONNECTED to learner {h1.ip}:{LEARNER_PORTS[0]}: .*cannot reach", out), out
     assert "2/2 actors alive, 1 of them not connected" in out
+
+    # the partition heals: actor 0 connects and its learner hears it; then a 30 s partition mid-run,
+    # which the learner notices and the actor outlives (it retries for --actor_reconnect_timeout_s)
+    rule = ["INPUT", "-s", h2.ip, "-p", "tcp", "--dport", str(LEARNER_PORTS[0]), "-j", "DROP"]
+    h1.netns_run("iptables", "-w", "-D", *rule)
+    wait_for(lambda: "actor 0 is sending again" in c.log("learner_0.log"), 90, "the learner to hear actor 0")
+    h1.netns_run("iptables", "-w", "-I", *rule)
+    wait_for(lambda: "actor 0 has sent nothing for" in c.log("learner_0.log"), 30, "the learner to miss actor 0")
+    time.sleep(20)
+    h1.netns_run("iptables", "-w", "-D", *rule)
+    t0 = time.time()
+    wait_for(lambda: c.log("learner_0.log").count("actor 0 is sending again") == 2, 90, "actor 0 to send again")
+    print(f"actor 0 delivered again {time.time() - t0:.1f} s after a 30 s partition healed")
+    rc, out, err = c.frontend("--action=status", fake=False)
+    assert rc == 0 and "2/2 actors alive" in out, out + err
 
     rc, out, err = c.frontend("--action=stop", fake=False, timeout=120)
     assert rc == 0, out + err

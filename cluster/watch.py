@@ -188,13 +188,7 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if stop_at_end:
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    moving = (f"moving the actors of a host silent for {FLAGS.actor_host_lost_s:g} s; " if FLAGS.actor_host_lost_s
-              else "")
-    relearning = (f"restarting a failed learner job up to {FLAGS.learner_restarts} time(s) from its newest "
-                  f"checkpoint; " if FLAGS.learner_restarts else "")
-    _say(f"watching {len(plan.actor_windows)} actor(s) every {FLAGS.watch_interval_s:g} s, restarting each up "
-         f"to {FLAGS.max_restarts} time(s); {moving}{relearning}Ctrl-C "
-         f"{'stops the run' if stop_at_end else 'ends watching (workers keep running)'}")
+    _say(_banner(plan, stop_at_end))
     try:
         while True:
             if tail_from is not None:
@@ -236,6 +230,16 @@ def monitor(plan, hosts, tail_from=None, stop_at_end=False) -> int:
             return stop(plan, hosts) or 130
         _say("Ctrl-C: no longer watching; the workers keep running")
         return 130
+
+
+def _banner(plan, stop_at_end):
+    moving = (f"moving the actors of a host silent for {FLAGS.actor_host_lost_s:g} s; " if FLAGS.actor_host_lost_s
+              else "")
+    relearning = (f"restarting a failed learner job up to {FLAGS.learner_restarts} time(s) from its newest "
+                  f"checkpoint; " if FLAGS.learner_restarts else "")
+    return (f"watching {len(plan.actor_windows)} actor(s) every {FLAGS.watch_interval_s:g} s, restarting each up "
+            f"to {FLAGS.max_restarts} time(s); {moving}{relearning}Ctrl-C "
+            f"{'stops the run' if stop_at_end else 'ends watching (workers keep running)'}")
 
 
 def _reset(restarts):

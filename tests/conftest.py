@@ -91,6 +91,7 @@ def _xdist_worker(config):
     return hasattr(config, "workerinput")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups off the markers
 def pytest_collection_modifyitems(config, items):
     # Tests that share one machine-wide thing run one after another on the same worker (pytest.ini's
     # --dist loadgroup); everything else is spread over both workers.

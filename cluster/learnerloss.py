@@ -167,9 +167,8 @@ class LearnerLoss:
         resumed = self._checkpoint_dir(keep[0])
         plan_lib.reshape(self.plan, keep, resume=bool(resumed))
         self._restart_workers(reachable)
-        try:
-            self._run(self.hosts["local"], kill_window_script(self.plan, "local", ["learners"]) +
-                      start_windows_script([self.plan.learners_window], self.plan))
+        try:  # _end_job closed the old learners window
+            self._run(self.hosts["local"], start_windows_script([self.plan.learners_window], self.plan))
         except RuntimeError as e:
             self.say(f"could not start the learners again: {e}")
             return False
@@ -215,8 +214,7 @@ class LearnerLoss:
         for w in self.plan.first_windows:
             by_host.setdefault(w.host, []).append(w)
         for key, windows in by_host.items():
-            if key in reachable and self._try(key, kill_window_script(self.plan, key, [w.name for w in windows]) +
-                                              start_windows_script(windows, self.plan)):
+            if key in reachable and self._respawn(key, windows):
                 for w in windows:
                     self.outdated.pop(w.name, None)
             else:
@@ -229,8 +227,7 @@ class LearnerLoss:
         stale = [w for w in self.plan.first_windows if w.name in self.outdated and w.host in reachable]
         for key in {w.host for w in stale}:
             windows = [w for w in stale if w.host == key]
-            if self._try(key, kill_window_script(self.plan, key, [w.name for w in windows]) +
-                         start_windows_script(windows, self.plan)):
+            if self._respawn(key, windows):
                 for w in windows:
                     del self.outdated[w.name]
                 self.say(f"{', '.join(w.title for w in windows)} on {self.hosts[key].label} restarted with the "
@@ -249,6 +246,11 @@ class LearnerLoss:
         return folder if rc == 0 else ""
 
     # -- helpers ----------------------------------------------------------
+    def _respawn(self, key, windows) -> bool:
+        """Close these windows on this host and open them again with their (new) commands."""
+        return self._try(key, kill_window_script(self.plan, key, [w.name for w in windows]) +
+                         start_windows_script(windows, self.plan))
+
     def _job_hosts(self) -> set:
         return {hosts_lib.host_key(w) for w in self.plan.cluster.learners}
 

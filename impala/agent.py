@@ -39,11 +39,10 @@ def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZ
     agent.compute_dtype = tf.as_dtype(compute_dtype)
     core_shapes = [tuple(s.shape[1:]) for s in tf.nest.flatten(state)]
     size = sum(int(np.prod(v.shape)) for v in nets.published_variables(agent))
-    # Feed-forward agents ship their cuts' last observations for the learner's current value
-    # there; a recurrent one would need its core state after the cut (docs/limitations.md).
+    # Every unroll ships its cuts' last observations for the learner's current value there.
     unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, policy,
                                              unroll_length, core_shapes, size, newest_frames,
-                                             cut_observation=not core_shapes)
+                                             cut_observation=True)
     return agent, unroll_spec, spec
 
 

@@ -196,10 +196,11 @@ class Learner:
         "cut_step" [B], -1 where none) replaced by the current net's value of that episode's last
         observation (shipped by the actor, transport.put_cut_observation), without gradient: the
         actor's value came from its older weights, and a replayed unroll's from far older ones.
-        Normalisation and frame stacking are the agent's own, as for every observation. Earlier
-        cuts in the same row keep the actor's value. Once per batch, after the observation
-        statistics moved: all its gradient steps bootstrap from it. Unchanged without cut fields
-        (recurrent agents, which would need their core state after the cut)."""
+        Normalisation and frame stacking are the agent's own, as for every observation; a
+        recurrent agent's core state is the one its current net carries out of the cut's step.
+        Earlier cuts in the same row keep the actor's value. Once per batch, after the
+        observation statistics moved: all its gradient steps bootstrap from it. Unchanged
+        without cut fields (an unroll spec from before them)."""
         if "cut_step" not in batch:
             return batch
         cut_step = tf.cast(batch["cut_step"], tf.int32)
@@ -210,11 +211,21 @@ class Learner:
                 last = transport.cut_stack(batch["observation"], cut_step, batch["cut_frame"])
             else:
                 last = batch["cut_observation"]
-            out, _ = self.agent(last, tf.zeros_like(cut_step, tf.bool), self.agent.initial_state(tf.shape(cut_step)[0]))
+            out, _ = self.agent(last, tf.zeros_like(cut_step, tf.bool), self._state_at_cuts(batch, cut_step))
             at = tf.equal(tf.range(tf.shape(timeout_value)[0])[:, None], cut_step[None, :])  # [T, B]
             return tf.where(at, tf.stop_gradient(out.baseline)[None, :], timeout_value)
 
         return dict(batch, timeout_value=tf.cond(tf.reduce_any(cut_step >= 0), fresh, lambda: timeout_value))
+
+    def _state_at_cuts(self, batch, cut_step):
+        """Each row's core state out of step cut_step [B] of the batch, from its stored start state
+        through the current net, without gradient (a feed-forward agent's empty state)."""
+        n = tf.shape(cut_step)[0]
+        if not tf.nest.flatten(self.agent.initial_state(1)):
+            return self.agent.initial_state(n)
+        states = self.agent.core_states(batch["observation"][:-1], batch["first"][:-1], self._core_state(batch))
+        at = tf.stack([tf.maximum(cut_step, 0), tf.range(n)], -1)
+        return tf.nest.map_structure(lambda s: tf.stop_gradient(tf.gather_nd(s, at)), states)
 
     def anchored(self):
         """Whether the clipped surrogate's ratio is taken against pi_old (--clip_ratio_to)."""

@@ -23,9 +23,9 @@ T, B, GAMMA = 3, 2, 0.9
 
 
 def _learner(tmp_path, **kw):
-    flags = _experiment_defaults(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=B, unroll_length=T,
-                                 discounting=GAMMA, vtrace_lambda=1.0, vtrace_targets="batch_start",
-                                 clip_param=0.0, total_environment_frames=1000, **kw)
+    flags = _experiment_defaults(**dict(dict(
+        level_name="CartPole-v1", agent_name="MLPAgent", batch_size=B, unroll_length=T, discounting=GAMMA,
+        vtrace_lambda=1.0, vtrace_targets="batch_start", clip_param=0.0, total_environment_frames=1000), **kw))
     return learner_lib.Learner(flags, str(tmp_path))
 
 
@@ -98,14 +98,47 @@ def test_no_cut_leaves_the_actors_values(tmp_path):
     np.testing.assert_array_equal(learner.bootstrap_at_cuts(tensors)["timeout_value"].numpy(), tv.numpy())
 
 
+def test_a_recurrent_learner_bootstraps_a_cut_from_its_core_state_there(tmp_path):
+    """An LSTM's value of a cut episode's last observation depends on what it carried out of the
+    cut's step: the learner unrolls its current net from the unroll's stored core state up to the
+    cut (resetting where a game began) and takes the value there, as the actor did with its own."""
+    learner = _learner(tmp_path, agent_name="MLPLSTMAgent")
+    agent = learner.agent
+    rng = np.random.default_rng(3)
+    obs = rng.normal(size=(T + 1, B, 4)).astype(np.float32)
+    first = np.zeros((T + 1, B), bool)
+    first[1, 1] = True  # row 1 begins a new game at step 1, before its cut at step 2
+    last = rng.normal(size=(B, 4)).astype(np.float32)
+    cut_step = np.array([1, 2], np.int32)
+    tensors = {k: tf.constant(v) for k, v in learner.zero_batch(B).items()}
+    start = tf.nest.map_structure(lambda s: tf.constant(rng.normal(size=s.shape).astype(np.float32)),
+                                  agent.initial_state(B))
+    for i, s in enumerate(tf.nest.flatten(start)):
+        tensors["core_state_%d" % i] = s
+    tensors.update(observation=tf.constant(obs), first=tf.constant(first), cut_step=tf.constant(cut_step),
+                   cut_observation=tf.constant(last), timeout_value=tf.zeros([T, B]))
+    got = tf.function(learner.bootstrap_at_cuts, autograph=False)(tensors)["timeout_value"].numpy()
+
+    want, state = [], start
+    for t in range(T):  # the actor's way: one step at a time, the value after the cut's step
+        _, state = agent(tf.constant(obs[t]), tf.constant(first[t]), state)
+        value, _ = agent(tf.constant(last), tf.zeros([B], tf.bool), state)
+        want.append(value.baseline.numpy())
+    for b in range(B):
+        assert got[cut_step[b], b] == pytest.approx(float(want[cut_step[b]][b]), abs=1e-5)
+    fresh, _ = agent(tf.constant(last), tf.zeros([B], tf.bool), agent.initial_state(B))
+    assert np.all(np.abs(got[cut_step, range(B)] - fresh.baseline.numpy()) > 1e-3)  # the state matters
+    assert np.count_nonzero(got) == B  # nothing else moved
+
+
 def test_the_unroll_carries_the_cut_fields_and_their_bytes():
-    """Feed-forward agents ship cut_step and the last observation; with newest frames only its
-    newest frame (the learner rebuilds the rest). Recurrent agents keep the actor's value."""
+    """Every agent ships cut_step and the last observation (recurrent ones too: the learner
+    unrolls to the cut for the core state); with newest frames only its newest frame (the
+    learner rebuilds the rest)."""
     from impala import agent as agent_lib
-    _, spec, _ = agent_lib.build_agent("CartPole-v1", "MLPAgent", 16)
-    assert {"cut_observation", "cut_step"} <= set(spec.names)
-    _, rspec, _ = agent_lib.build_agent("CartPole-v1", "MLPLSTMAgent", 16)
-    assert not {"cut_observation", "cut_step"} & set(rspec.names)
+    for name in ("MLPAgent", "MLPLSTMAgent"):
+        _, spec, _ = agent_lib.build_agent("CartPole-v1", name, 16)
+        assert {"cut_observation", "cut_step"} <= set(spec.names)
 
     def extra(obs_shape, dtype, newest):
         with_cut = transport.make_unroll_spec(obs_shape, dtype, 6, 20, [], 10, newest, cut_observation=True)

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 from absl import flags
 
@@ -85,10 +86,7 @@ class RemoteHost:
             client.set_missing_host_key_policy(RejectUnknownHostKey())
         scan = f"ssh-keyscan -p {self.port} {self.ip} >> {FLAGS.ssh_known_hosts}"
         try:
-            client.connect(self.ip, port=self.port, username=self.user, password=self._password or None,
-                           key_filename=self.key_file or None, allow_agent=True, look_for_keys=True,
-                           timeout=FLAGS.ssh_timeout_s, banner_timeout=FLAGS.ssh_timeout_s,
-                           auth_timeout=FLAGS.ssh_timeout_s)
+            self._connect_retrying_resets(client)
         except UnknownHostKey as e:
             client.close()
             raise HostError(
@@ -115,6 +113,24 @@ class RemoteHost:
             raise HostError(f"{self.label}: cannot connect over SSH: {e}") from None
         self.client = client
         return self
+
+    def _connect_retrying_resets(self, client, tries=3):
+        """client.connect, again after 1 s and 2 s when the server closed the connection before
+        its banner (a busy sshd drops new connections past its MaxStartups): a host that does not
+        answer or refuses is reported at once, so a lost host is still found within a poll."""
+        for attempt in range(tries):
+            try:
+                return client.connect(self.ip, port=self.port, username=self.user, password=self._password or None,
+                                      key_filename=self.key_file or None, allow_agent=True, look_for_keys=True,
+                                      timeout=FLAGS.ssh_timeout_s, banner_timeout=FLAGS.ssh_timeout_s,
+                                      auth_timeout=FLAGS.ssh_timeout_s)
+            except (ConnectionResetError, paramiko.SSHException) as e:
+                reset = isinstance(e, ConnectionResetError) or "banner" in str(e).lower()
+                if not reset or isinstance(e, (paramiko.AuthenticationException, paramiko.BadHostKeyException)) \
+                        or attempt == tries - 1:
+                    raise
+                client.close()
+                time.sleep(1.0 + attempt)
 
     def run(self, script, timeout=120.0):
         transport = self.client.get_transport() if self.client else None

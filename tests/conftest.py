@@ -1,5 +1,5 @@
-"""Shared pytest set-up: quiet TF, the `slow` and `docker` markers, the leftovers check, the hypothesis
-profiles. The project is importable through its editable install (install.sh).
+"""Shared pytest set-up: quiet TF, the `slow`, `long` and `docker` markers, the leftovers check, the
+hypothesis profiles. The project is importable through its editable install (install.sh).
 
 The default suite gives the same result on every run: hypothesis's "default" profile here draws each
 property test's examples from the test itself (derandomize) and keeps no example database. The
@@ -31,19 +31,27 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long test, run with `-m slow` (CI runs them too when they fit)")
+    config.addinivalue_line("markers", "slow: whole runs of the system (daemons, hosts, faults, the README's "
+                                       "commands), run with `-m slow`; CI runs them")
+    config.addinivalue_line("markers", "long: whole learning runs to a score and the bench scripts end to end, "
+                                       "run with `-m long` (about 15 minutes on 2 cores); CI does not run them")
     config.addinivalue_line("markers", "docker: builds the images and runs the compose cluster in a Docker "
                                        "daemon (started if none runs), run with `-m docker`")
 
 
 # Network-namespace rigs add iptables rules and bridges; the README's commands and the Slurm
 # launcher use the default learner port 8001; each Docker test drives the one daemon and its
-# compose project.
+# compose project. Files whose module fixture starts runs of their own keep to one worker, so
+# the runs start once.
 _SERIAL_GROUPS = {"test_multihost.py": "netns", "test_readme.py": "port_8001", "test_slurm.py": "port_8001",
-                  "test_docker.py": "docker"}
-# The longest tests start first, so neither worker is left running one alone at the end.
-_LONGEST_FIRST = ("test_pong_learns_with_the_native_backend_within_a_frame_budget",
-                  "test_the_suite_resumes_a_run_that_was_cut_off", "test_the_suite_runs_every_variant")
+                  "test_docker.py": "docker", "test_input_fuzz.py": "input_fuzz", "test_ppo.py": "ppo_runs",
+                  "test_walle_export.py": "walle_export"}
+# The longest tests start first, so neither worker is left running one alone at the end: the
+# namespace rigs' group (about 380 s together) and the longest learning runs.
+_LONGEST_FIRST = ("test_a_killed_rank_and_a_cut_learner_host_restart_the_learners_and_the_run_goes_on",
+                  "test_pong_learns_with_the_native_backend_within_a_frame_budget",
+                  "test_the_suite_resumes_a_run_that_was_cut_off", "test_the_suite_runs_every_variant",
+                  "test_quickstart_train_then_tensorboard_plot_and_test_mode")
 
 
 # ---------------------------------------------------------------- leftovers
@@ -99,7 +107,8 @@ def pytest_collection_modifyitems(config, items):
         group = _SERIAL_GROUPS.get(os.path.basename(str(item.fspath)))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.name not in _LONGEST_FIRST)  # a stable sort: the rest keep their order
+    first = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.name, len(first)))  # a stable sort: the rest keep their order
 
 
 def pytest_sessionstart(session):

@@ -150,7 +150,7 @@ def test_every_variants_replay_and_own_flags_are_valid():
     assert kinds == {(1, False), (2, False), (2, True)}  # the runs cover queue, replay, replay with own flags
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_suite_runs_every_variant(tmp_path):
     """Real Breakout runs of a few updates each, one of each kind of variant: one folder per variant
     with its replay parameters and own flags, the replay variants training on about twice the

@@ -162,7 +162,7 @@ def test_a_run_keeps_the_flags_it_started_with(tmp_path):
         atari.extra_flags(d, ["--num_sgd_iter=2"])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_suite_resumes_a_run_that_was_cut_off(tmp_path):
     """A real Breakout run to one budget, then the suite asked for more: it resumes the run from its
     checkpoint (train_w_load), says where, and the table and atari.csv have the run at the new budget;

@@ -19,7 +19,7 @@ def _bench(script, *args, timeout=600):
     return out.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_pong_impala_reports_a_short_run_beside_its_ceiling(tmp_path):
     _bench("pong_impala.py", "--frames", "60000", "--ceiling_s", "2", "--actors", "1", "--envs_per_actor", "8",
@@ -35,7 +35,7 @@ def test_pong_impala_reports_a_short_run_beside_its_ceiling(tmp_path):
     assert (tmp_path / "tiny.png").stat().st_size > 0
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_replay_compare_trains_each_variant_to_the_same_budget(tmp_path):
     _bench("replay_compare.py", "--level", "CartPole-v1", "--frames", "30000", "--capacity", "200",
@@ -49,7 +49,7 @@ def test_replay_compare_trains_each_variant_to_the_same_budget(tmp_path):
     assert (tmp_path / "replay_CartPole-v1.png").stat().st_size > 0
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_walle_speedup_times_every_n(tmp_path):
     _bench("walle_speedup.py", "--max_n", "2", "--repeats", "1", "-b", "2000", "--out", str(tmp_path))
@@ -60,7 +60,7 @@ def test_walle_speedup_times_every_n(tmp_path):
     assert (tmp_path / "walle_speedup.png").stat().st_size > 0
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_soak_samples_every_process(tmp_path):
     _bench("soak.py", "--minutes", "0.5", "--every_s", "5", "--level", "CartPole-v1", "--agent", "MLPAgent",

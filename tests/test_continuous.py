@@ -82,7 +82,7 @@ def test_actions_are_clipped_for_the_env_only():
     b.close()
 
 
-@pytest.mark.slow  # 45-90 s: the default suite keeps under 15 minutes
+@pytest.mark.long  # a learning run to a score, 45-90 s
 def test_pendulum_learns_and_plays_in_test_mode(tmp_path):
     """configs/pendulum.flags for 200K of its 500K frames: a random policy scores about -1,200 a
     game. The run must learn and keep what it learned: the mean of 100 games passes -400 by 150K
@@ -107,7 +107,7 @@ def test_pendulum_learns_and_plays_in_test_mode(tmp_path):
     assert json.load(open(os.path.join(logdir, "test_results.json")))["episodes"] == 5
 
 
-@pytest.mark.slow  # 40 s
+@pytest.mark.long  # 40-90 s; the default suite holds two ranks in step (test_experiment.py)
 def test_two_ranks_with_replay_and_the_evaluator_hold_the_same_weights_and_resume(tmp_path):
     """The discrete path's machinery with a Gaussian policy: mpirun -np 2 with standard replay
     (the stored behaviour parameters are what V-trace reads when an unroll comes back) and the

@@ -279,7 +279,7 @@ def test_onednn_flag_reaches_tensorflow(flag, expected):
     assert "onednn %s" % expected in r.stdout
 
 
-@pytest.mark.slow  # a whole train, Ctrl-C, resume and test run, about 50 s
+@pytest.mark.long  # a whole train, Ctrl-C, resume and test run, about 50 s
 def test_train_sigint_checkpoint_resume_and_test_mode(tmp_path):
     """Trains CartPole on a local cluster, stops it with SIGINT mid-run (checkpoint,
     every process gone within 30 s), resumes with train_w_load (frame counter goes
@@ -399,7 +399,7 @@ def test_two_horovod_ranks_hold_identical_weights(tmp_path):
     assert len(updates) == 2 and updates[0] == updates[1]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_pong_learns_with_the_native_backend_within_a_frame_budget(tmp_path):
     """Pong through ale-py's native vector env (the actors' default for Atari) learns with

@@ -52,6 +52,6 @@ def test_enqueues_cut_by_the_backstop_are_not_trained_twice(tmp_path):
     _check(faults.scenario_partial_accept(_free_base_port(), str(tmp_path)))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_killed_horovod_rank_stops_run_then_resumes(tmp_path):
     _check(faults.scenario_kill_horovod_rank(_free_base_port(), str(tmp_path)))

@@ -45,7 +45,7 @@ def test_lstm_core_flops_zero_without_core():
     assert le.lstm_core_flops(object(), 100) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_quick_end_to_end(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "learner_efficiency.py"), "--quick",

@@ -73,7 +73,7 @@ def _train_and_test(tmp_path, name, extra):
     return best, json.load(open(os.path.join(logdir, "test_results.json")))["mean_return"]
 
 
-@pytest.mark.slow  # two runs of the recipe and their test modes, about 2 minutes
+@pytest.mark.long  # two runs of the recipe and their test modes, about 2 minutes
 def test_an_lstm_learns_the_cue_and_a_feed_forward_net_stays_at_chance(tmp_path):
     best, tested = _train_and_test(tmp_path, "lstm", [])
     assert best >= 0.9 and tested >= 0.9, "MLPLSTMAgent: best mean-20 return %.2f, test mode %.2f" % (best, tested)

@@ -386,7 +386,7 @@ def test_a_firewall_is_reported_and_a_healed_30_s_partition_is_outlived(cluster3
 # a finished run restarts nothing; train_w_load resumes it across hosts (the real experiment.py)
 # ---------------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_finished_run_restarts_nothing_and_train_w_load_resumes_across_hosts(cluster3):
     c = cluster3
     c.write_csv(learners=[0, 1], actors=[1, 2, 2])

@@ -34,7 +34,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: whole runs of the system (daemons, hosts, faults, the README's "
                                        "commands), run with `-m slow`; CI runs them")
     config.addinivalue_line("markers", "long: whole learning runs to a score and the bench scripts end to end, "
-                                       "run with `-m long` (about 15 minutes on 2 cores); CI does not run them")
+                                       "run with `-m long` (about 16 minutes on 2 cores); CI does not run them")
     config.addinivalue_line("markers", "docker: builds the images and runs the compose cluster in a Docker "
                                        "daemon (started if none runs), run with `-m docker`")
 

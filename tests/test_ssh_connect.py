@@ -56,7 +56,8 @@ def test_a_third_drop_is_reported():
 
 
 @pytest.mark.parametrize("error", [socket.timeout("timed out"), ConnectionRefusedError(111, "refused"),
-                                   paramiko.AuthenticationException("no"), paramiko.SSHException("No existing session")])
+                                   paramiko.AuthenticationException("no"),
+                                   paramiko.SSHException("No existing session")])
 def test_a_silent_refusing_or_rejecting_host_is_reported_at_once(error):
     client = _Client([error])
     with pytest.raises(type(error)):

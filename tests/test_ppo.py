@@ -566,3 +566,16 @@ def test_samplers_exit_when_agent_is_killed(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert not wait_gone(sampler_procs, timeout=15), "samplers outlived a killed agent"
+
+
+def test_the_hopper_recipe_is_cleanrls():
+    """configs/ppo_hopper.args: CleanRL's ppo_continuous_action settings for MuJoCo, 1M steps
+    (docs/results.md#continuous-control has its Hopper-v5 runs)."""
+    args = checked_args(["Hopper-v5", "@" + os.path.join(ROOT, "configs", "ppo_hopper.args"), "-n", "2"])
+    got = {k: getattr(args, k) for k in ("batch_size", "loss", "value_fit", "clip_minibatch", "clip_epochs", "gamma",
+                                         "lam", "policy_lr", "clip", "max_grad_norm", "vf_coef", "adam_eps", "hidden",
+                                         "activation", "log_std_init", "norm_reward", "obs_clip", "max_steps")}
+    assert got == {"batch_size": 2048, "loss": "clip", "value_fit": "joint", "clip_minibatch": 64, "clip_epochs": 10,
+                   "gamma": 0.99, "lam": 0.95, "policy_lr": 3e-4, "clip": 0.2, "max_grad_norm": 0.5, "vf_coef": 0.5,
+                   "adam_eps": 1e-5, "hidden": "64,64", "activation": "tanh", "log_std_init": 0.0, "norm_reward": True,
+                   "obs_clip": 10.0, "max_steps": 1_000_000}

@@ -338,8 +338,7 @@ class LSTMAgent(AgentBase):
 
     def unroll(self, obs, first, core_state):
         # The torso and the heads see all T*B frames at once; only the LSTM loops over time.
-        x, scale = self._preprocess(obs)
-        features = batch_time(lambda x: run_torso(self._torso, x, self.compute_dtype, scale), x)
+        features = self._torso_features(obs)
         core_outputs, core_state = snt.dynamic_unroll(
             self._core, (features, tf.cast(first, tf.bool)), core_state)
         return self._in_return_units(batch_time(self._heads, core_outputs)), core_state
@@ -348,11 +347,15 @@ class LSTMAgent(AgentBase):
         """The core state carried out of each of the steps of `obs` [T, B, ...] (before a reset
         at the next step's `first`): core_state's structure with a leading time axis, for a value
         taken where an episode was cut (impala/learner.py, bootstrap_at_cuts)."""
-        x, scale = self._preprocess(obs)
-        features = batch_time(lambda x: run_torso(self._torso, x, self.compute_dtype, scale), x)
+        features = self._torso_features(obs)
 
         def emit_state(inputs, state):
             _, state = self._core(inputs, state)
             return state, state
         states, _ = snt.dynamic_unroll(emit_state, (features, tf.cast(first, tf.bool)), core_state)
         return states
+
+    def _torso_features(self, obs):
+        """The torso's features of all T*B frames of `obs` [T, B, ...] at once: [T, B, F]."""
+        x, scale = self._preprocess(obs)
+        return batch_time(lambda x: run_torso(self._torso, x, self.compute_dtype, scale), x)

@@ -9,6 +9,8 @@ own, apart from the local one, as on a real second machine.
 Needs root (sshd drops privileges per login) and /usr/sbin/sshd (openssh-server,
 installed by install.sh).
 """
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -19,6 +21,10 @@ import time
 
 SSHD = "/usr/sbin/sshd"
 ADDRESS = "127.0.0.2"
+PRIVSEP_DIR = "/run/sshd"  # compiled into sshd: every login's unprivileged child chroots here
+# Left in PRIVSEP_DIR while tests made it: the folder goes when the last of them is gone.
+_MADE_MARK = ".made-by-impala-tests"
+_USER_MARK = ".impala-test-sshd-"
 
 
 def free_port(address="127.0.0.1") -> int:
@@ -51,7 +57,7 @@ class Sshd:
         # in 107 bytes, and pytest-xdist's tmp paths (.../popen-gw0/test_name0/) leave too little.
         self.tmux_tmpdir = tempfile.mkdtemp(prefix="imtmux")
         self.proc = None
-        self._made_run_dir = False
+        self._user_mark = None
 
     def start(self):
         for key in (self.host_key, self.client_key):
@@ -79,9 +85,7 @@ UsePAM no
 StrictModes no
 SetEnv TMUX_TMPDIR={self.tmux_tmpdir}
 """)
-        if not os.path.isdir("/run/sshd"):  # sshd's privilege-separation directory
-            os.makedirs("/run/sshd", mode=0o755)
-            self._made_run_dir = True
+        self._user_mark = _use_privsep_dir()
         self.log = open(os.path.join(self.dir, "sshd.log"), "w")
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -116,8 +120,54 @@ SetEnv TMUX_TMPDIR={self.tmux_tmpdir}
         if self.proc is not None:
             self.log.close()
         shutil.rmtree(self.tmux_tmpdir, ignore_errors=True)
-        if self._made_run_dir:
-            try:
-                os.rmdir("/run/sshd")
-            except OSError:
-                pass
+        if self._user_mark is not None:
+            _release_privsep_dir(self._user_mark)
+            self._user_mark = None
+
+
+# Tests on two pytest-xdist workers start sshds at once: one that removed the folder it made
+# while another's sshd still ran made every later login there fail before the banner. Each
+# server marks its use inside the folder, under a lock on /run, and the last one out removes it.
+@contextlib.contextmanager
+def _run_dir_locked():
+    fd = os.open(os.path.dirname(PRIVSEP_DIR), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _users(names):
+    """The marks of live servers; marks of processes that died without stopping theirs are dropped."""
+    live = []
+    for name in names:
+        if not name.startswith(_USER_MARK):
+            continue
+        pid = int(name[len(_USER_MARK):].split("-")[0])
+        if os.path.exists(f"/proc/{pid}"):
+            live.append(name)
+        else:
+            os.remove(os.path.join(PRIVSEP_DIR, name))
+    return live
+
+
+def _use_privsep_dir() -> str:
+    with _run_dir_locked():
+        if not os.path.isdir(PRIVSEP_DIR):
+            os.makedirs(PRIVSEP_DIR, mode=0o755)
+            open(os.path.join(PRIVSEP_DIR, _MADE_MARK), "w").close()
+        mark = os.path.join(PRIVSEP_DIR, f"{_USER_MARK}{os.getpid()}-{time.monotonic_ns()}")
+        open(mark, "w").close()
+        return mark
+
+
+def _release_privsep_dir(mark: str):
+    with _run_dir_locked():
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(mark)
+        names = os.listdir(PRIVSEP_DIR) if os.path.isdir(PRIVSEP_DIR) else []
+        if _MADE_MARK in names and not _users(names):
+            os.remove(os.path.join(PRIVSEP_DIR, _MADE_MARK))
+            with contextlib.suppress(OSError):  # something else put a file there: it stays
+                os.rmdir(PRIVSEP_DIR)

@@ -19,6 +19,7 @@ import pytest
 from walle import agent as agent_lib
 from walle import cli
 from walle import samplers
+from walle import training
 from nets.gaussian import GaussianPolicy, ValueNet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -339,6 +340,20 @@ def test_update_moves_policy_and_bumps_version(flags):
         agent.update([{"rank": 0, "version": 0}], agent.params())  # params are version 1 now
 
 
+def test_linear_lr_decay_scales_each_update_by_the_budget_left():
+    args = agent_args(loss="clip", lr_decay="linear", max_steps=1000, policy_lr=1e-3)
+    assert [training.lr_scale(args, done) for done in (0, 250, 1000)] == [1.0, 0.75, 0.0]
+    assert training.lr_scale(agent_args(), 5000) == 1.0  # --lr_decay none
+    agent = agent_lib.PPO(OBS_DIM, ACT_DIM, args)
+    s = samplers.LocalSampler(ENV, seed=0)
+    try:
+        params = agent.params()
+        agent.update(s.collect(params, 400), params, lr_scale=training.lr_scale(args, 250))
+    finally:
+        s.close()
+    assert float(agent.lr.numpy()) == pytest.approx(0.75e-3)
+
+
 # ---------------------------------------------------------------------------
 # The mains, end to end (subprocesses, as a user runs them).
 
@@ -443,6 +458,7 @@ def checked_args(argv):
     (["--obs_clip", "0"], "--obs_clip must be > 0, got 0.0"),
     (["--vf_coef", "-1"], "--vf_coef must be > 0, got -1.0"),
     (["--adam_eps", "0"], "--adam_eps must be > 0"),
+    (["--lr_decay", "linear"], "--lr_decay linear needs --max_steps"),
     (["--activation", "gelu"], "invalid choice: 'gelu'"),
     (["--value_fit", "both"], "invalid choice: 'both'"),
     # int() and float() read these as 34, 256 and 0.99; isdigit() passes '¹²', which int() refuses
@@ -572,10 +588,8 @@ def test_the_hopper_recipe_is_cleanrls():
     """configs/ppo_hopper.args: CleanRL's ppo_continuous_action settings for MuJoCo, 1M steps
     (docs/results.md#continuous-control has its Hopper-v5 runs)."""
     args = checked_args(["Hopper-v5", "@" + os.path.join(ROOT, "configs", "ppo_hopper.args"), "-n", "2"])
-    got = {k: getattr(args, k) for k in ("batch_size", "loss", "value_fit", "clip_minibatch", "clip_epochs", "gamma",
-                                         "lam", "policy_lr", "clip", "max_grad_norm", "vf_coef", "adam_eps", "hidden",
-                                         "activation", "log_std_init", "norm_reward", "obs_clip", "max_steps")}
-    assert got == {"batch_size": 2048, "loss": "clip", "value_fit": "joint", "clip_minibatch": 64, "clip_epochs": 10,
-                   "gamma": 0.99, "lam": 0.95, "policy_lr": 3e-4, "clip": 0.2, "max_grad_norm": 0.5, "vf_coef": 0.5,
-                   "adam_eps": 1e-5, "hidden": "64,64", "activation": "tanh", "log_std_init": 0.0, "norm_reward": True,
-                   "obs_clip": 10.0, "max_steps": 1_000_000}
+    want = {"batch_size": 2048, "loss": "clip", "value_fit": "joint", "clip_minibatch": 64, "clip_epochs": 10,
+            "gamma": 0.99, "lam": 0.95, "policy_lr": 3e-4, "lr_decay": "linear", "clip": 0.2, "max_grad_norm": 0.5,
+            "vf_coef": 0.5, "adam_eps": 1e-5, "hidden": "64,64", "activation": "tanh", "log_std_init": 0.0,
+            "norm_reward": True, "obs_clip": 10.0, "max_steps": 1_000_000}
+    assert {k: getattr(args, k) for k in want} == want

@@ -301,8 +301,9 @@ class PPO:
             parts.append((obs, r["action"], adv, ret, values))
         return [np.concatenate(x) for x in zip(*parts)]
 
-    def update(self, rollouts, params):
-        """One iteration's update; returns its stats (a progress.csv row's learning columns)."""
+    def update(self, rollouts, params, lr_scale=1.0):
+        """One iteration's update, the policy's rate times lr_scale (--lr_decay); returns its stats
+        (a progress.csv row's learning columns)."""
         for r in rollouts:
             if r["version"] != params["version"]:
                 raise ValueError(f"rollout of sampler {r['rank']} has policy version {r['version']}, "
@@ -312,7 +313,7 @@ class PPO:
         old_mean, old_logvar = (t.numpy() for t in self._policy_dist(obs))
         old_logp = gaussian_log_prob(act, old_mean, old_logvar).numpy()
         batch = [tf.constant(x) for x in (obs, act, adv, old_mean, old_logvar, old_logp)]
-        self.lr.assign(self.base_lr * self.lr_multiplier)
+        self.lr.assign(self.base_lr * self.lr_multiplier * lr_scale)
         epochs_run, value_loss = self._update_policy(batch, tf.constant(ret))
         kl, entropy, policy_loss, clip_fraction = (float(x) for x in self._policy_stats(*batch))
         if self.args.value_fit == "separate":

@@ -83,6 +83,9 @@ def _add_update_arguments(group):
     group.add_argument("--max_grad_norm", type=float_arg, default=0.5, help="gradient clipping (--loss clip)")
     group.add_argument("--policy_lr", type=float_arg, default=0.0,
                        help="0: 9e-4 / sqrt(hid2) for --loss kl, 3e-4 for --loss clip")
+    group.add_argument("--lr_decay", choices=("none", "linear"), default="none",
+                       help="none: the policy's rate stays; linear: it falls to 0 at --max_steps, as CleanRL's "
+                            "PPO anneals it (needs --max_steps)")
     group.add_argument("--value_lr", type=float_arg, default=0.0, help="0: 1e-2 / sqrt(value hid2)")
     group.add_argument("--value_epochs", type=int_arg, default=10)
     group.add_argument("--norm_reward", action="store_true",
@@ -127,6 +130,8 @@ def check_arguments(parser, args):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
     _check_net_and_update(parser, args)
+    if args.lr_decay == "linear" and not args.max_steps:
+        parser.error("--lr_decay linear needs --max_steps: the rate falls to 0 at that many steps")
     if 0 < args.max_steps < args.batch_size:
         parser.error(f"--max_steps ({args.max_steps}) must be 0 (no limit) or >= -b/--batch_size ({args.batch_size})")
     if args.batch_size < args.num_samplers:

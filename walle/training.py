@@ -82,7 +82,7 @@ def run_iterations(args, agent, samplers, rows, progress, checkpointer):
         rollouts = samplers.collect(params, args.batch_size)
         t1 = time.perf_counter()
         with whole_update():
-            stats = agent.update(rollouts, params)
+            stats = agent.update(rollouts, params, lr_scale=lr_scale(args, progress.steps))
             learn_time = time.perf_counter() - t1
             progress.iteration += 1
             progress.steps += sum(len(r["reward"]) for r in rollouts)
@@ -97,6 +97,14 @@ def run_iterations(args, agent, samplers, rows, progress, checkpointer):
                 last_save = time.time()
         if not args.quiet:
             print(progress_line(row), flush=True)
+
+
+def lr_scale(args, steps_done):
+    """--lr_decay linear: the share of the --max_steps budget not yet collected when the batch began,
+    as CleanRL anneals by the iterations left (1 at the first batch, 1 batch's share at the last)."""
+    if args.lr_decay == "none":
+        return 1.0
+    return max(0.0, 1.0 - steps_done / args.max_steps)
 
 
 def write_eval(args, params, steps, logdir, filename="eval.json", **extra):

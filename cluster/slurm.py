@@ -21,6 +21,8 @@ import sys
 import time
 from typing import NamedTuple
 
+from cluster import slurm_watch
+from cluster.plan import resume_flags
 from tools.digits import NumberError, int_arg, parse_int
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,8 +122,9 @@ def learners_argv(python, layout, logdir, training_flags):
                                  "-x", "PYTHONPATH", "-x", "SLURM_OVERLAP"] + cmd)
 
 
-def actor_argv(python, layout, task, logdir, training_flags):
-    node = layout.actors[task][0]
+def actor_argv(python, layout, task, logdir, training_flags, node=None):
+    """Actor `task`'s srun step, on its layout node or on `node` (where a restart moved it)."""
+    node = node or layout.actors[task][0]
     return (["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=" + node, "--job-name=actor_%d" % task,
              "--output=" + os.path.join(logdir, "logs", "actor_%d.log" % task)]
             + worker_argv(python, layout, "actor", logdir, training_flags, task))
@@ -129,13 +132,20 @@ def actor_argv(python, layout, task, logdir, training_flags):
 
 class Run:
     """The launched workers: the learners' process (its own process group, so a stop reaches every
-    rank) and one srun step per actor."""
+    rank) and one srun step per actor, started again when they fail (cluster/slurm_watch.py)."""
 
-    def __init__(self, layout, logdir, python, training_flags):
-        self.layout, self.logdir, self.python, self.flags = layout, logdir, python, list(training_flags)
+    def __init__(self, alloc, layout, logdir, python, training_flags, actor_restarts=3, learner_restarts=3):
+        self.alloc, self.layout, self.logdir, self.python = alloc, layout, logdir, python
+        self.flags, self.learner_flags = list(training_flags), list(training_flags)
         self.learner, self.actors, self.stopping = None, [], False
+        self.actor_nodes = [node for node, _ in layout.actors]
+        self.actor_started, self.actor_restarts_done = [], [0] * len(layout.actors)
+        self.limits = {"actor": actor_restarts, "learners": learner_restarts}
+        self.restarts, self.suspect_nodes = [], set()
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", SLURM_OVERLAP="1", TF_CPP_MIN_LOG_LEVEL="2")
 
-    def write_plan(self, alloc):
+    def write_plan(self):
+        alloc = self.alloc
         doc = {"job_id": alloc.job_id, "nodes": alloc.nodes, "tasks": alloc.tasks, "gpus_per_node": alloc.gpus_per_node,
                "learners": _hosts(self.layout.learners), "actors": _hosts(self.layout.actors),
                "learner_command": shlex.join(learners_argv(self.python, self.layout, self.logdir, self.flags)),
@@ -145,14 +155,23 @@ class Run:
             json.dump(doc, f, indent=2)
 
     def start(self):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", SLURM_OVERLAP="1", TF_CPP_MIN_LOG_LEVEL="2")
         for i in range(len(self.layout.actors)):
-            self.actors.append(subprocess.Popen(actor_argv(self.python, self.layout, i, self.logdir, self.flags),
-                                                env=env, cwd=REPO_DIR, stdin=subprocess.DEVNULL))
+            self.actors.append(None)
+            self.actor_started.append(0.0)
+            self._start_actor(i)
+        self._start_learners()
+
+    def _start_actor(self, i):
+        argv = actor_argv(self.python, self.layout, i, self.logdir, self.flags, node=self.actor_nodes[i])
+        self.actors[i] = subprocess.Popen(argv, env=self.env, cwd=REPO_DIR, stdin=subprocess.DEVNULL)
+        self.actor_started[i] = time.time()
+
+    def _start_learners(self):
         log = open(os.path.join(self.logdir, "logs", "learner.log"), "ab")
-        self.learner = subprocess.Popen(learners_argv(self.python, self.layout, self.logdir, self.flags), env=env,
-                                        cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.learner = subprocess.Popen(learners_argv(self.python, self.layout, self.logdir, self.learner_flags),
+                                        env=self.env, cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
 
     def stop(self, signum=None, frame=None):
         """SIGINT to every learner rank: a checkpoint, then closed queues that send the actors home."""
@@ -163,10 +182,13 @@ class Run:
                 os.killpg(self.learner.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
+        self.stopping = True
 
     def wait(self):
-        """The learners' exit code, once the actors are gone too (ended by srun after a grace period)."""
-        while self.learner.poll() is None:
+        """The learners' exit code, once the actors are gone too (ended by srun after a grace period).
+        Until then failed actors and learners are started again."""
+        while self.learner.poll() is None or self._restart_learners():
+            self._tend_actors()
             time.sleep(0.5)
         say("learners exited with status %d; waiting up to %.0f s for the actors" % (self.learner.returncode,
                                                                                      ACTOR_GRACE_S))
@@ -186,6 +208,71 @@ class Run:
         say("actors exited with status %s" % ", ".join(str(c) for c in codes))
         return self.learner.returncode
 
+    def _tend_actors(self):
+        """Start again each actor whose step failed while the learners train, moving it off a node
+        where its step could not even start."""
+        if self.stopping or self.learner.poll() is not None:
+            return
+        for i, a in enumerate(self.actors):
+            code = a.poll()
+            if code is None or code == 0 or self.actor_restarts_done[i] > self.limits["actor"]:
+                continue
+            node = self.actor_nodes[i]
+            if self.actor_restarts_done[i] == self.limits["actor"]:
+                self.actor_restarts_done[i] += 1  # said once
+                say("actor %d on %s exited with status %d; not restarting it (restarted %d time(s) already, "
+                    "--actor_restarts=%d); the others train on" % (i, node, code, self.limits["actor"],
+                                                                   self.limits["actor"]))
+                continue
+            if time.time() - self.actor_started[i] < slurm_watch.FAST_FAIL_S:
+                self.suspect_nodes.add(node)
+                learner_nodes = [n for n, _ in self.layout.learners]
+                self.actor_nodes[i] = slurm_watch.next_node(node, self.alloc.nodes, learner_nodes,
+                                                            slurm_watch.nodes_up(self.alloc.nodes), self.suspect_nodes)
+            self.actor_restarts_done[i] += 1
+            why = "actor %d on %s exited with status %d" % (i, node, code)
+            say("%s: restarting it on %s (restart %d/%d)" % (why, self.actor_nodes[i], self.actor_restarts_done[i],
+                                                             self.limits["actor"]))
+            self._start_actor(i)
+            self._record("actor %d" % i, [self.actor_nodes[i]], why, "")
+
+    def _restart_learners(self) -> bool:
+        """Start the learners again after a failure, on the learner nodes that are up, from the newest
+        checkpoint; False (and why, unless they finished or were stopped) when they are not."""
+        code = self.learner.returncode
+        done = sum(r.worker == "learners" for r in self.restarts)
+        why_not = slurm_watch.why_not_restart(code, self.stopping, done, self.limits["learners"])
+        up = slurm_watch.nodes_up(sorted({n for n, _ in self.layout.learners}))
+        learners = [(n, port) for n, port in self.layout.learners if n in up]
+        if not why_not and not learners:
+            why_not = "no learner node is up"
+        if why_not:
+            if why_not not in ("finished", "stopping"):
+                say("the learners exited with status %d; not restarting them: %s" % (code, why_not))
+            return False
+        why = "the learners exited with status %d" % code
+        resumed = slurm_watch.checkpoint_dir(self.logdir)
+        self.learner_flags = resume_flags(self.flags, self.logdir) if resumed else list(self.flags)
+        moved = len(learners) != len(self.layout.learners)
+        self.layout = self.layout._replace(learners=learners)
+        say("%s: restarting them (restart %d/%d) with %d rank(s) on %s, %s" % (
+            why, done + 1, self.limits["learners"], len(learners), _hosts(learners),
+            "resuming from the newest checkpoint in " + resumed if resumed else "from the start (no checkpoint yet)"))
+        self._start_learners()
+        if moved:  # actor i feeds learner i % K: every actor needs the new list
+            for i, a in enumerate(self.actors):
+                if a.poll() is None:
+                    a.send_signal(signal.SIGTERM)
+                    a.wait()
+                self._start_actor(i)
+        self._record("learners", sorted({n for n, _ in learners}), why, resumed)
+        return True
+
+    def _record(self, worker, nodes, why, resumed):
+        self.restarts.append(slurm_watch.Restart(time=time.time(), worker=worker, nodes=nodes, why=why,
+                                                 resumed=resumed))
+        slurm_watch.record(self.logdir, self.restarts)
+
 
 def say(msg):
     print("[slurm %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
@@ -201,12 +288,21 @@ def parse_args(argv):
     p.add_argument("--base_port", type=int_arg, default=8001, help="learner rank r serves base_port + r on its node")
     p.add_argument("--logdir", default=None, help="run folder (default results/<level_name>_slurm<job id>)")
     p.add_argument("--python", default=sys.executable, help="the Python of the project's venv on every node")
+    p.add_argument("--actor_restarts", type=int_arg, default=3,
+                   help="times each actor is started again after its step failed, on another node when its own "
+                        "could not start it (0: a failed actor stays down)")
+    p.add_argument("--learner_restarts", type=int_arg, default=3,
+                   help="times the learners are started again after they failed, from the newest checkpoint, "
+                        "with the learner nodes that are up (0: a failed learner ends the run)")
     args, rest = p.parse_known_args(argv)
     bad = [a for a in rest if not a.startswith("--")]
     if bad:
         p.error("%s: training flags are written --name=value" % " ".join(bad))
     if args.num_learners < 1 or args.learners_per_node < 0 or not 0 < args.base_port < 65000:
         p.error("--num_learners must be >= 1, --learners_per_node >= 0 and --base_port in 1-64999")
+    for name in ("actor_restarts", "learner_restarts"):
+        if getattr(args, name) < 0:
+            p.error("--%s must be >= 0, got %d" % (name, getattr(args, name)))
     return args, rest
 
 
@@ -222,8 +318,8 @@ def main(argv=None):
     logdir = os.path.abspath(args.logdir or os.path.join("results", "%s_slurm%s" % (level.replace("/", "-"),
                                                                                     alloc.job_id)))
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
-    run = Run(layout, logdir, args.python, training_flags)
-    run.write_plan(alloc)
+    run = Run(alloc, layout, logdir, args.python, training_flags, args.actor_restarts, args.learner_restarts)
+    run.write_plan()
     signal.signal(signal.SIGTERM, run.stop)
     signal.signal(signal.SIGINT, run.stop)
     say("job %s on %s: %d learner(s) at %s, %d actor(s); logs in %s"

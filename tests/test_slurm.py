@@ -15,6 +15,7 @@ import pytest
 import slurm_fixture
 from bench import cartpole_impala
 from cluster import slurm
+from cluster import slurm_watch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SBATCH = os.path.join(ROOT, "sandbox", "slurm_impala.sbatch")
@@ -115,6 +116,81 @@ def test_scancel_ends_the_run_with_a_checkpoint_and_leaves_nothing(cluster, tmp_
     while _leftovers(logdir) and time.time() < deadline:
         time.sleep(1)
     assert _leftovers(logdir) == []
+
+
+def _worker_pids(logdir, job):
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and "experiment.py" in " ".join(p.info["cmdline"][:2])
+            and "--job_name=" + job in p.info["cmdline"] and "--logdir=" + logdir in p.info["cmdline"]]
+
+
+def _wait_for(what, check, timeout, out):
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, "no %s within %d s:\n%s" % (what, timeout, open(out).read()[-3000:])
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_killed_actor_and_a_killed_learner_are_started_again_and_the_run_goes_on(cluster, tmp_path):
+    """The learners resume from their newest checkpoint: the frame counter goes on from it."""
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
+                  "--total_environment_frames=100000000", "--checkpoint_every_s=3")
+    logs = os.path.join(logdir, "logs")
+    text = lambda: open(out).read() if os.path.exists(out) else ""
+    _wait_for("second actor", lambda: len(_worker_pids(logdir, "actor")) == 2, 120, out)
+    os.kill(_worker_pids(logdir, "actor")[0], 9)
+    _wait_for("actor restart", lambda: "restarting it on %s (restart 1/3)" % cluster.node in text(), 30, out)
+    _wait_for("a checkpoint", lambda: slurm_watch.checkpoint_dir(logdir), 60, out)
+    os.kill(_worker_pids(logdir, "learner")[0], 9)
+    t0 = time.time()
+    _wait_for("learner restart", lambda: "the learners exited with status -9: restarting them (restart 1/3)" in
+              text(), 30, out)
+    learner_log = os.path.join(logs, "learner.log")
+    _wait_for("resumed learner", lambda: "resumed from" in open(learner_log).read(), 120, out)
+    rows = lambda: len(open(os.path.join(logdir, "metrics.csv")).readlines())
+    before = rows()
+    _wait_for("training again", lambda: rows() >= before + 3, 120, out)
+    print("the learners trained again %.1f s after rank 0 was killed" % (time.time() - t0))
+    print("".join(line for line in open(out) if line.startswith("[slurm")))
+    restarts = json.load(open(os.path.join(logdir, slurm_watch.RESTARTS_FILE)))["restarts"]
+    assert [r["worker"] for r in restarts[:2]] in (["actor 0", "learners"], ["actor 1", "learners"]), restarts
+    assert restarts[1]["resumed"] == os.path.join(logdir, "checkpoints")
+    frames = [int(r["frames"]) for r in csv.DictReader(open(os.path.join(logdir, "metrics.csv")))]
+    assert frames[-1] > frames[before - 2] > 0  # the counter went on from the checkpoint, not from 0
+    assert cluster.run("scancel", job).returncode == 0
+    _wait_done(cluster, job, slurm_fixture.KILL_WAIT_S + 60, out)
+    deadline = time.time() + 30
+    while _leftovers(logdir) and time.time() < deadline:
+        time.sleep(1)
+    assert _leftovers(logdir) == []
+
+
+def test_a_failed_actor_moves_to_the_next_node_that_is_up():
+    nodes, learners = ["n1", "n2", "n3", "n4"], ["n1"]
+    assert slurm_watch.next_node("n2", nodes, learners, nodes, {"n2"}) == "n3"
+    assert slurm_watch.next_node("n4", nodes, learners, nodes, {"n4"}) == "n2"  # wraps, past the learner node
+    assert slurm_watch.next_node("n2", nodes, learners, ["n1", "n2"], {"n2"}) == "n1"  # only the learners' left
+    assert slurm_watch.next_node("n1", ["n1"], learners, ["n1"], {"n1"}) == "n1"  # nowhere else: tried again
+    sinfo = type("Done", (), {"returncode": 0, "stdout": "n1 idle\nn2 down*\nn3 drain\nn4 mix\n", "stderr": ""})
+    assert slurm_watch.nodes_up(nodes, run=lambda *a, **k: sinfo) == ["n1", "n4"]
+    failed = type("Done", (), {"returncode": 1, "stdout": "", "stderr": "sinfo: error"})
+    assert slurm_watch.nodes_up(nodes, run=lambda *a, **k: failed) == nodes
+
+
+def test_the_learners_are_restarted_on_failures_a_restart_can_mend(tmp_path):
+    assert slurm_watch.why_not_restart(-9, False, 0, 3) == ""
+    assert slurm_watch.why_not_restart(1, False, 2, 3) == ""
+    assert "--learner_restarts=3" in slurm_watch.why_not_restart(1, False, 3, 3)
+    assert "bad input" in slurm_watch.why_not_restart(2, False, 0, 3)
+    assert "stopped being finite" in slurm_watch.why_not_restart(7, False, 0, 3)
+    assert slurm_watch.why_not_restart(0, False, 0, 3) == "finished"
+    assert slurm_watch.why_not_restart(-15, True, 0, 3) == "stopping"
+    assert slurm_watch.checkpoint_dir(str(tmp_path)) == ""
+    os.makedirs(tmp_path / "checkpoints")
+    (tmp_path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    assert slurm_watch.checkpoint_dir(str(tmp_path)) == str(tmp_path / "checkpoints")
 
 
 def test_the_allocation_picks_learner_and_actor_nodes(monkeypatch):

@@ -41,6 +41,14 @@ def _submit(cluster, out, *args, ntasks=3):
     return p.stdout.strip().split(";")[0]
 
 
+def _submit_endless(cluster, tmp_path, checkpoint_every_s):
+    """A CartPole job with a frame budget it will not reach: (run folder, job output, job id)."""
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
+                  "--total_environment_frames=100000000", "--checkpoint_every_s=%g" % checkpoint_every_s)
+    return logdir, out, job
+
+
 def _wait_done(cluster, job, timeout, out):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -95,9 +103,7 @@ def test_sbatch_trains_cartpole_to_475(cluster, tmp_path):
 
 @pytest.mark.slow
 def test_scancel_ends_the_run_with_a_checkpoint_and_leaves_nothing(cluster, tmp_path):
-    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
-    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
-                  "--total_environment_frames=100000000", "--checkpoint_every_s=100000")
+    logdir, out, job = _submit_endless(cluster, tmp_path, checkpoint_every_s=100000)
     metrics = os.path.join(logdir, "metrics.csv")
     deadline = time.time() + 180
     while not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 3):
@@ -134,9 +140,7 @@ def _wait_for(what, check, timeout, out):
 @pytest.mark.slow
 def test_a_killed_actor_and_a_killed_learner_are_started_again_and_the_run_goes_on(cluster, tmp_path):
     """The learners resume from their newest checkpoint: the frame counter goes on from it."""
-    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
-    job = _submit(cluster, out, "--logdir=" + logdir, *cartpole_impala.FLAGS, "--log_every_s=1",
-                  "--total_environment_frames=100000000", "--checkpoint_every_s=3")
+    logdir, out, job = _submit_endless(cluster, tmp_path, checkpoint_every_s=3)
     logs = os.path.join(logdir, "logs")
     text = lambda: open(out).read() if os.path.exists(out) else ""
     _wait_for("second actor", lambda: len(_worker_pids(logdir, "actor")) == 2, 120, out)

@@ -406,7 +406,9 @@ def test_follow_prints_the_learner_log_and_ctrl_c_or_sigterm_stops_everything(ru
                 break
         assert "fake learner 0 heartbeat 3" in "".join(lines), "".join(lines)
         proc.send_signal(sig)
+        t0 = time.time()
         rest, _ = proc.communicate(timeout=40)
+        print(f"the run stopped {time.time() - t0:.1f} s after {signal.Signals(sig).name}")
     finally:
         if proc.poll() is None:
             proc.kill()

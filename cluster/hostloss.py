@@ -1,9 +1,10 @@
-"""Actor host loss: when an actor host stops answering, its actors move to the actor hosts
-that still answer, and their stale copies go when the lost host answers again.
+"""Actor and evaluator host loss: when such a host stops answering, its actors and its evaluator
+move to the actor hosts that still answer, and their stale copies go when the lost host answers
+again.
 
 The watch loop (watch.monitor) polls every host over SSH. A host that has not answered for
---actor_host_lost_s is lost: each of its actor windows is opened on the surviving actor host
-with the fewest actors, under the same --task (so it feeds the same learner under the same
+--actor_host_lost_s is lost: each of its actor windows (and the evaluator's) is opened on the
+surviving actor host with the fewest of them, under the same --task (so it feeds the same learner under the same
 id, and the learner's `actors alive/n` comes back). Nothing is trained twice: what died with
 the host was never sent, and a moved actor's copy left running behind a network partition
 sends unrolls of its own, never the same ones; when that host answers again its copies of
@@ -25,9 +26,10 @@ from cluster.hosts import HostError
 from cluster.launch import kill_window_script, start_windows_script
 from tools.files import read_records, remove_if_there, write_json
 
-flags.DEFINE_float("actor_host_lost_s", 30.0, "watch/--follow: an actor host that has not answered over SSH for "
-                                              "this many seconds is lost; its actors are started on the actor "
-                                              "hosts that still answer (0: never move actors).")
+flags.DEFINE_float("actor_host_lost_s", 30.0, "watch/--follow: an actor or evaluator host that has not answered "
+                                              "over SSH for this many seconds is lost; its actors and evaluator "
+                                              "are started on the actor hosts that still answer (0: never move "
+                                              "them).")
 FLAGS = flags.FLAGS
 MOVES_FILE = "actor_moves.json"
 
@@ -35,7 +37,7 @@ MOVES_FILE = "actor_moves.json"
 @dataclasses.dataclass
 class Move:
     time: float
-    actor: str      # window name, actor_<i>
+    actor: str      # window name: actor_<i>, or evaluator_0
     from_key: str
     to_key: str
     why: str
@@ -55,9 +57,14 @@ def forget_moves(logdir):
     remove_if_there(moves_path(logdir))
 
 
+def movable_windows(plan):
+    """The windows a lost host's work moves in: the actors' and the evaluator's."""
+    return plan.actor_windows + plan.evaluator_windows
+
+
 def apply_moves(plan, moves):
-    """Put each moved actor window on the host it was moved to last."""
-    by_name = {w.name: w for w in plan.actor_windows}
+    """Put each moved actor or evaluator window on the host it was moved to last."""
+    by_name = {w.name: w for w in movable_windows(plan)}
     for m in moves:
         if m.actor in by_name:
             by_name[m.actor].host = m.to_key
@@ -71,7 +78,7 @@ class HostLoss:
         self.moves = read_moves(plan.logdir)
         self.started = time.time()  # counts as everyone's answer: a host silent since is lost after the wait
         self.last_answer = {}
-        self.lost = set()      # actor hosts declared lost and not heard from since
+        self.lost = set()      # actor or evaluator hosts declared lost and not heard from since
         self.stranded = set()  # lost hosts whose actors had nowhere to go (said once)
 
     def observe(self, reachable, panes) -> set:
@@ -86,13 +93,13 @@ class HostLoss:
             self.last_answer[key] = now
             self._end_stale_copies(key, panes)
         if FLAGS.actor_host_lost_s:
-            for key in self._actor_hosts():
+            for key in self._worker_hosts():
                 if key not in reachable and self._silent(key, now) >= FLAGS.actor_host_lost_s:
                     self._move_actors_off(key, now, reachable)  # what could not move tries again next poll
         return {m.actor for m in self.moves[before:]}
 
-    def _actor_hosts(self):
-        return sorted({w.host for w in self.plan.actor_windows} - {"local"})
+    def _worker_hosts(self):
+        return sorted({w.host for w in movable_windows(self.plan)} - {"local"})
 
     def _silent(self, key, now):
         return now - self.last_answer.get(key, self.started)
@@ -102,11 +109,14 @@ class HostLoss:
 
     def _move_actors_off(self, key, now, reachable):
         label = self.hosts[key].label
-        leaving = [w for w in self.plan.actor_windows if w.host == key]
+        leaving = [w for w in movable_windows(self.plan) if w.host == key]
         why = f"{label} has not answered for {self._since(key, now)} (--actor_host_lost_s)"
         if key not in self.lost:
             self.lost.add(key)
-            self.say(f"actor host lost: {why}; moving its {len(leaving)} actor(s)")
+            actors = sum(w in self.plan.actor_windows for w in leaving)
+            what = " and its ".join(([f"{actors} actor(s)"] if actors else []) +
+                                    (["evaluator"] if actors < len(leaving) else []))
+            self.say(f"{'actor' if actors else 'evaluator'} host lost: {why}; moving its {what}")
         for w in leaving:
             target = self._target(reachable)
             if target is None:
@@ -123,7 +133,7 @@ class HostLoss:
                       if k in reachable and k not in self.lost and k in self.hosts]
         if not candidates:
             return None
-        load = {k: sum(w.host == k for w in self.plan.actor_windows) for k in candidates}
+        load = {k: sum(w.host == k for w in movable_windows(self.plan)) for k in candidates}
         return min(sorted(candidates), key=lambda k: load[k])
 
     def _start_on(self, window, target, why):
@@ -143,8 +153,8 @@ class HostLoss:
                  f"there")
 
     def _end_stale_copies(self, key, panes):
-        """Kill the windows, on a host that answers, of actors that were moved away from it."""
-        stale = [w for w in self.plan.actor_windows if w.host != key and (key, w.name) in panes]
+        """Kill the windows, on a host that answers, of actors (or the evaluator) moved away from it."""
+        stale = [w for w in movable_windows(self.plan) if w.host != key and (key, w.name) in panes]
         if not stale:
             return
         try:

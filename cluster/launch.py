@@ -96,9 +96,10 @@ def prelude(plan=None, key=None) -> str:
         # running there behind a partition is still this run's
         ours += ["learner-"] if any(hosts_lib.host_key(w) == key for w in plan.csv_learners or plan.cluster.learners) \
             else []
-        # the actors' windows, not the CSV: an actor moved off a lost host runs where its window is now
+        # the actors' and the evaluator's windows, not the CSV: one moved off a lost host runs where
+        # its window is now
         ours += [f"actor-{w.name.split('_', 1)[1]}" for w in plan.actor_windows if w.host == key]
-        ours += ["evaluator-"] if any(hosts_lib.host_key(w) == key for w in plan.cluster.evaluators) else []
+        ours += ["evaluator-"] if any(w.host == key for w in plan.evaluator_windows) else []
     return (f"T={shlex.quote(tmux)}\n"
             f"S={shlex.quote(FLAGS.tmux_sess)}\n"
             f"export MARK={shlex.quote(plan.marker if plan else '')} OURS={shlex.quote(' '.join(ours))}\n"

@@ -33,17 +33,19 @@ class RecordingHost:
         return (1, "", "tmux: no server") if self.fail else (0, "", "")
 
 
-def make(tmp_path, actor_ips=("10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.4")):
+def make(tmp_path, actor_ips=("10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.4"), evaluator_ip=None):
     rows = ["job,ip,tf_port,cuda_visible_devices,ssh_port,ssh_username,ssh_password",
             "learner,10.0.0.1,8001,,22,root,"]
     rows += [f"actor,{ip},{9001 + i},,22,root," for i, ip in enumerate(actor_ips)]
+    rows += [f"evaluator,{evaluator_ip},9100,,22,root,"] if evaluator_ip else []
     csv = tmp_path / "workers.csv"
     csv.write_text("\n".join(rows) + "\n")
     cluster = workers_csv.load(str(csv), local=["127.0.0.1"])
     plan = plan_lib.make_plan(cluster, [], str(tmp_path / "run"))
     os.makedirs(plan.logdir)
     hosts = {"local": RecordingHost("local")}
-    hosts.update({f"root@{ip}:22": RecordingHost(f"root@{ip}:22") for ip in set(actor_ips) | {"10.0.0.1"}})
+    ips = set(actor_ips) | {"10.0.0.1"} | ({evaluator_ip} if evaluator_ip else set())
+    hosts.update({f"root@{ip}:22": RecordingHost(f"root@{ip}:22") for ip in ips})
     said = []
     return plan, hosts, hostloss.HostLoss(plan, hosts, said.append), said
 
@@ -74,6 +76,24 @@ def test_a_host_silent_for_the_wait_has_its_actors_started_on_the_least_loaded_o
     again = plan_lib.make_plan(plan.cluster, [], plan.logdir)
     hostloss.apply_moves(again, hostloss.read_moves(plan.logdir))
     assert {w.name: w.host for w in again.actor_windows} == where
+
+
+def test_a_lost_evaluator_host_has_its_evaluator_started_on_an_actor_host_and_its_copy_ended_later(tmp_path):
+    FLAGS.actor_host_lost_s = 30
+    plan, hosts, loss, said = make(tmp_path, actor_ips=("10.0.0.2", "10.0.0.2", "10.0.0.3"), evaluator_ip="10.0.0.5")
+    loss.started -= 31
+    assert loss.observe(answering(hosts, "10.0.0.5"), {}) == {"evaluator_0"}
+    assert [w.host for w in plan.evaluator_windows] == ["root@10.0.0.3:22"]  # the actor host with fewer workers
+    started = hosts["root@10.0.0.3:22"].scripts[-1]
+    assert "--job_name=evaluator" in started
+    assert any("evaluator host lost: host root@10.0.0.5:22 has not answered for 31 s (--actor_host_lost_s); "
+               "moving its evaluator" in s for s in said), said
+    again = plan_lib.make_plan(plan.cluster, [], plan.logdir)  # --action=status reads the move back
+    hostloss.apply_moves(again, hostloss.read_moves(plan.logdir))
+    assert [w.host for w in again.evaluator_windows] == ["root@10.0.0.3:22"]
+    loss.observe(answering(hosts), {("root@10.0.0.5:22", "evaluator_0"): object()})  # back: its copy goes
+    assert 'kill-window -t "=$S:"evaluator_0' in hosts["root@10.0.0.5:22"].scripts[-1]
+    assert any("evaluator: ended its stale copy on host root@10.0.0.5:22" in s for s in said), said
 
 
 def test_a_host_that_answers_again_loses_only_its_copies_of_moved_actors(tmp_path):

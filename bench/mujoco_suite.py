@@ -1,7 +1,8 @@
 """The MuJoCo suite (`bench/run.py mujoco`): HalfCheetah-v5 (and Hopper-v5 with --levels) through
-our IMPALA actors beside WALL-E's PPO and Stable-Baselines3's PPO, all three with rl-baselines3-zoo's
-PPO choices for the task (IMPALA: configs/mujoco.flags, which configs/hopper.flags changes where zoo's
-Hopper recipe differs), on the same cores.
+our IMPALA actors beside WALL-E's PPO and Stable-Baselines3's PPO on the same cores. HalfCheetah: all
+three with rl-baselines3-zoo's PPO choices (IMPALA: configs/mujoco.flags). Hopper: IMPALA and WALL-E
+with CleanRL's (configs/hopper.flags, configs/ppo_hopper.args), SB3 with zoo's, whose gamma of 0.999
+stands still on the alive bonus.
 
     .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --frames 3000000 --peer_steps 1000000
     .venv/bin/python bench/run.py mujoco --seeds 1 2 3 --contenders walle sb3   # the others' runs are read
@@ -49,14 +50,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPALA_ACTORS = 1
 CONTENDERS = ("impala", "walle", "sb3")
 LABELS = {"impala": "IMPALA (ours, the task's flag file, %d actor(s) x 8 envs)" % IMPALA_ACTORS,
-          "walle": "WALL-E PPO (ours, rl-zoo recipe, 2 samplers)",
+          "walle": "WALL-E PPO (ours, the task's recipe, 2 samplers)",
           "sb3": "SB3 PPO (rl-zoo recipe, 1 env)"}
 WINDOW = {"impala": 20, "walle": 10, "sb3": 10}
-# rl-baselines3-zoo's tuned PPO for Hopper-v3 (hyperparams/ppo.yml) in WALL-E's flags.
-WALLE_HOPPER = ["--loss", "clip", "--value_fit", "joint", "-b", "512", "--clip_minibatch", "32", "--clip_epochs", "5",
-                "-g", "0.999", "-l", "0.99", "--policy_lr", "9.80828e-05", "--ent_coef", "0.00229519", "--clip", "0.2",
-                "--max_grad_norm", "0.7", "--vf_coef", "0.835671", "--adam_eps", "1e-5", "--norm_reward",
-                "--obs_clip", "10", "--hidden", "256,256", "--activation", "relu", "--log_std_init", "-2"]
+# CleanRL's ppo_continuous_action settings, as docs/results.md's Hopper runs took them (from the
+# repository root, where the suite runs WALL-E).
+WALLE_HOPPER = ["@" + os.path.join("configs", "ppo_hopper.args")]
 # Per task: its short name (for the figure), IMPALA's flag file (from the repository root, where the
 # suite runs: hopper.flags includes mujoco.flags by that path), the default target (a training
 # return, exploration noise on; rl-zoo's PPO evaluates deterministically to 5,819 on HalfCheetah-v3

@@ -172,8 +172,8 @@ def test_number_flags_take_ascii_digits_only():
     ("atari", "width queue_capacity batch_size actor_send_ahead vtrace_targets learning_rate_decay",
      "84 32 32 False batch_start linear"),
     # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.
-    ("hopper", "level_name discounting num_minibatches minibatch_over adam_epsilon mlp_hidden actor_send_ahead",
-     "Hopper-v5 0.999 16 steps 0.00032 ['256', '256'] False")])
+    ("hopper", "level_name discounting num_minibatches minibatch_over adam_epsilon mlp_hidden actor_send_ahead "
+               "learning_rate_decay", "Hopper-v5 0.99 32 steps 0.00064 ['64', '64'] False linear")])
 def test_a_recipe_is_a_valid_run(recipe, names, expected):
     """configs/<recipe>.flags (what the README and the suites run) parses and passes the run checks."""
     code = ("import experiment\n"

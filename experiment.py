@@ -255,6 +255,12 @@ flags.DEFINE_bool("actor_send_ahead", True, "An actor starts its next unroll whi
                   "the policy lag many passes over each batch feel (configs/hopper.flags; measured in "
                   "bench/results/2core-intel-r-xeon-r-processor/mujoco_impala.md). An actor-bound run wants "
                   "the overlap.")
+flags.DEFINE_bool("actor_wait_for_weights", False, "With --noactor_send_ahead: after its unroll is queued an actor "
+                  "waits for the learner's next weights before it steps again, so it never acts on weights its "
+                  "learner has already updated. With one actor whose unroll fills a batch, every batch is on "
+                  "the learner's current policy, as synchronous PPO's (WALL-E's) are; actors and learner then "
+                  "take turns. An actor that has waited 30 s (the learner needs more unrolls than the actors "
+                  "hold) says so and acts on the weights it has.")
 flags.DEFINE_float("actor_reconnect_timeout_s", 120.0, "Actors retry an unreachable learner for "
                    "this long, with backoff, then exit.")
 
@@ -273,7 +279,7 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "minibatch_over",
              "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init",
              "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs",
-             "actor_send_ahead"]
+             "actor_send_ahead", "actor_wait_for_weights"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:([0-9]{1,5})$")  # \d would take '８００１' too
 
@@ -336,6 +342,10 @@ flags.register_multi_flags_validator(
     lambda d: d["minibatch_over"] == "unrolls" or d["vtrace_targets"] == "batch_start",
     message="--minibatch_over=steps needs --vtrace_targets=batch_start (V-trace's every-step targets read "
             "each step's successors, which a minibatch of single steps does not hold)")
+flags.register_multi_flags_validator(
+    ["actor_wait_for_weights", "actor_send_ahead"], lambda d: not (d["actor_wait_for_weights"] and d["actor_send_ahead"]),
+    message="--actor_wait_for_weights needs --noactor_send_ahead (an actor that sends ahead has stepped on before "
+            "its unroll is queued)")
 flags.register_multi_flags_validator(
     ["queue_capacity", "batch_size"], lambda d: d["queue_capacity"] >= d["batch_size"],
     message="--queue_capacity must be >= --batch_size (the learner dequeues whole batches)")

@@ -24,6 +24,7 @@ from impala.stopping import StopSignal
 from impala.timings import Timings
 
 PHASES = ("env", "inference", "transfer")  # the order of an unroll's actor_timing
+WAIT_FOR_WEIGHTS_S = 30.0  # --actor_wait_for_weights: the longest wait for the learner's next weights
 ENV_CRASH_LOOP_EXIT = 6  # envs.batch.MAX_CRASHES_IN_A_ROW env crashes with no successful step between
 
 
@@ -149,6 +150,7 @@ class Actor:
         self.timings = Timings(*PHASES)
         self.failure = None  # why the last weight read failed
         self.refused_version = None  # the last published weights refused for not being finite
+        self.warned_wait = False  # --actor_wait_for_weights gave up waiting once (said once)
 
     def read_weights(self):
         """Takes the newest published weights if there are new ones; False when the read failed."""
@@ -169,6 +171,25 @@ class Actor:
                 self.set_weights(tf.constant(new[1]))
                 self.refresh_casts()
         return True
+
+    def wait_for_new_weights(self, stop):
+        """--actor_wait_for_weights: polls until the learner publishes weights newer than the ones
+        acted on (read by the next read_weights), at most WAIT_FOR_WEIGHTS_S; returns the seconds."""
+        t0, acted_on = time.perf_counter(), self.client.version
+        while not stop() and time.perf_counter() - t0 < WAIT_FOR_WEIGHTS_S:
+            try:
+                if self.client.published_version() != acted_on:
+                    break
+            except tf.errors.OpError:
+                break  # the next read_weights finds and names the failure
+            time.sleep(0.002)
+        else:
+            if not stop() and not self.warned_wait:
+                self.warned_wait = True
+                self.log("actor %d: the learner published no new weights within %.0f s of this actor's unroll "
+                         "(does a batch need more unrolls than the actors hold?); acting on the ones it has"
+                         % (self.task, WAIT_FOR_WEIGHTS_S))
+        return time.perf_counter() - t0
 
     def next_unroll(self):
         """Fills the buffer with the next unroll and its timings (per env)."""
@@ -228,6 +249,8 @@ def _send_until_stopped(actor, stop):
             actor.timings.add("transfer", sender.send(actor.buf))
             if not actor.flags.actor_send_ahead:  # the next unroll reads weights only once this one is queued
                 actor.timings.add("transfer", sender.wait_sent())
+                if actor.flags.actor_wait_for_weights and sender.outcome is None:
+                    actor.timings.add("transfer", actor.wait_for_new_weights(stop))
             if sender.outcome == "closed":
                 log("actor %d: learner closed its queue (run finished); exiting" % task)
                 break

@@ -438,14 +438,17 @@ class ActorClient:
 
     def fetch_weights_if_new(self):
         """Returns (version, flat weights) if the learner published newer ones, else None."""
-        opts = v1.RunOptions(timeout_in_ms=10000)
         # Both reads are idempotent, so a resent request refused as a repeat is retried
         # rather than counted as a lost learner.
-        version = int(run_retrying(self.sess, self._g.read_version, options=opts))
-        if version == self.version:
+        if self.published_version() == self.version:
             return None
+        opts = v1.RunOptions(timeout_in_ms=10000)
         self.version, weights = unpack_weights(run_retrying(self.sess, self._g.read_weights, options=opts))
         return self.version, weights
+
+    def published_version(self) -> int:
+        """The version of the learner's newest published weights (a small read)."""
+        return int(run_retrying(self.sess, self._g.read_version, options=v1.RunOptions(timeout_in_ms=10000)))
 
     def alive(self, timeout_ms: int = 3000) -> bool:
         """Whether the learner answers a small read: a full queue times out enqueues,

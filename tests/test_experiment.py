@@ -102,6 +102,7 @@ def _run_experiment(args, timeout=120):
     (["--env_backend=python", "--obs_transfer=frames"], "--obs_transfer=frames"),
     (["--learner_threads=-1"], "learner_threads"),
     (["--minibatch_over=steps"], "--vtrace_targets=batch_start"),
+    (["--actor_wait_for_weights"], "--actor_wait_for_weights needs --noactor_send_ahead"),
     (["--level_name=CartPole-v1", "--agent_name=MLPLSTMAgent", "--minibatch_over=steps",
       "--vtrace_targets=batch_start"], "--agent_name=MLPLSTMAgent"),
     (["--minibatch_over=steps", "--vtrace_targets=batch_start", "--batch_size=2", "--unroll_length=5",
@@ -173,7 +174,8 @@ def test_number_flags_take_ascii_digits_only():
      "84 32 32 False batch_start linear"),
     # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.
     ("hopper", "level_name discounting num_minibatches minibatch_over adam_epsilon mlp_hidden actor_send_ahead "
-               "learning_rate_decay", "Hopper-v5 0.99 32 steps 0.00064 ['64', '64'] False linear")])
+               "actor_wait_for_weights learning_rate_decay",
+     "Hopper-v5 0.99 32 steps 0.00064 ['64', '64'] False True linear")])
 def test_a_recipe_is_a_valid_run(recipe, names, expected):
     """configs/<recipe>.flags (what the README and the suites run) parses and passes the run checks."""
     code = ("import experiment\n"
@@ -355,6 +357,31 @@ def test_recurrent_agent_trains_end_to_end(tmp_path):
         c.stop()
     assert json.load(open(os.path.join(logdir, "summary.json")))["frames"] >= 20000
     _no_leftovers(c)
+
+
+def _policy_lags(tmp_path, name, extra):
+    """The logged mean policy lag of each metrics row of a one-actor CartPole run whose unroll is a batch."""
+    logdir = str(tmp_path / name)
+    flags = [f for f in CARTPOLE if not f.startswith(("--batch_size", "--envs_per_actor"))]
+    c = LocalCluster(1, _free_base_port(), flags + ["--batch_size=4", "--envs_per_actor=4", "--prefetch_batches=0",
+                                                    "--noactor_send_ahead", "--total_environment_frames=12000"]
+                     + extra, logdir).start()
+    try:
+        assert c.wait(timeout=150) == 0
+    finally:
+        c.stop()
+    _no_leftovers(c)
+    return [float(r["policy_lag"]) for r in csv.DictReader(open(os.path.join(logdir, "metrics.csv")))]
+
+
+def test_an_actor_that_waits_for_weights_trains_the_learner_on_its_current_policy(tmp_path):
+    """--actor_wait_for_weights: every batch acted on the learner's newest weights (lag 0), where an
+    actor that only waits for its unroll to be queued acts on weights a batch old."""
+    waited = _policy_lags(tmp_path, "waits", ["--actor_wait_for_weights"])
+    assert waited and max(waited) == 0, waited
+    queued = _policy_lags(tmp_path, "queued", [])
+    print("policy lag per metrics row: waiting %s, queued %s" % (waited, queued))
+    assert sum(queued) / len(queued) > 0.5, queued
 
 
 def test_learner_without_actors_exits_when_told(tmp_path):

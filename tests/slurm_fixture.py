@@ -148,4 +148,21 @@ class Slurm:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+        self._kill_step_daemons()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill_step_daemons(self):
+        """slurmd's step daemons of a job a failed test never cancelled outlive slurmd: those of
+        this Slurm (their SLURM_CONF is in our folder) are killed."""
+        conf = "SLURM_CONF=" + self.path("slurm.conf")
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            try:
+                with open("/proc/%d/comm" % pid) as f:
+                    if f.read().strip() != "slurmstepd":
+                        continue
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    if conf.encode() not in f.read().split(b"\0"):
+                        continue
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not ours to read
+                continue

@@ -141,30 +141,32 @@ def _wait_for(what, check, timeout, out):
 def test_a_killed_actor_and_a_killed_learner_are_started_again_and_the_run_goes_on(cluster, tmp_path):
     """The learners resume from their newest checkpoint: the frame counter goes on from it."""
     logdir, out, job = _submit_endless(cluster, tmp_path, checkpoint_every_s=3)
-    logs = os.path.join(logdir, "logs")
-    text = lambda: open(out).read() if os.path.exists(out) else ""
-    _wait_for("second actor", lambda: len(_worker_pids(logdir, "actor")) == 2, 120, out)
-    os.kill(_worker_pids(logdir, "actor")[0], 9)
-    _wait_for("actor restart", lambda: "restarting it on %s (restart 1/3)" % cluster.node in text(), 30, out)
-    _wait_for("a checkpoint", lambda: slurm_watch.checkpoint_dir(logdir), 60, out)
-    os.kill(_worker_pids(logdir, "learner")[0], 9)
-    t0 = time.time()
-    _wait_for("learner restart", lambda: "the learners exited with status -9: restarting them (restart 1/3)" in
-              text(), 30, out)
-    learner_log = os.path.join(logs, "learner.log")
-    _wait_for("resumed learner", lambda: "resumed from" in open(learner_log).read(), 120, out)
-    rows = lambda: len(open(os.path.join(logdir, "metrics.csv")).readlines())
-    before = rows()
-    _wait_for("training again", lambda: rows() >= before + 3, 120, out)
-    print("the learners trained again %.1f s after rank 0 was killed" % (time.time() - t0))
-    print("".join(line for line in open(out) if line.startswith("[slurm")))
-    restarts = json.load(open(os.path.join(logdir, slurm_watch.RESTARTS_FILE)))["restarts"]
-    assert [r["worker"] for r in restarts[:2]] in (["actor 0", "learners"], ["actor 1", "learners"]), restarts
-    assert restarts[1]["resumed"] == os.path.join(logdir, "checkpoints")
-    frames = [int(r["frames"]) for r in csv.DictReader(open(os.path.join(logdir, "metrics.csv")))]
-    assert frames[-1] > frames[before - 2] > 0  # the counter went on from the checkpoint, not from 0
-    assert cluster.run("scancel", job).returncode == 0
-    _wait_done(cluster, job, slurm_fixture.KILL_WAIT_S + 60, out)
+    try:
+        logs = os.path.join(logdir, "logs")
+        text = lambda: open(out).read() if os.path.exists(out) else ""
+        _wait_for("second actor", lambda: len(_worker_pids(logdir, "actor")) == 2, 120, out)
+        os.kill(_worker_pids(logdir, "actor")[0], 9)
+        _wait_for("actor restart", lambda: "restarting it on %s (restart 1/3)" % cluster.node in text(), 30, out)
+        _wait_for("a checkpoint", lambda: slurm_watch.checkpoint_dir(logdir), 60, out)
+        os.kill(_worker_pids(logdir, "learner")[0], 9)
+        t0 = time.time()
+        _wait_for("learner restart", lambda: "the learners exited with status -9: restarting them (restart 1/3)" in
+                  text(), 30, out)
+        learner_log = os.path.join(logs, "learner.log")
+        _wait_for("resumed learner", lambda: "resumed from" in open(learner_log).read(), 120, out)
+        rows = lambda: len(open(os.path.join(logdir, "metrics.csv")).readlines())
+        before = rows()
+        _wait_for("training again", lambda: rows() >= before + 3, 120, out)
+        print("the learners trained again %.1f s after rank 0 was killed" % (time.time() - t0))
+        print("".join(line for line in open(out) if line.startswith("[slurm")))
+        restarts = json.load(open(os.path.join(logdir, slurm_watch.RESTARTS_FILE)))["restarts"]
+        assert [r["worker"] for r in restarts[:2]] in (["actor 0", "learners"], ["actor 1", "learners"]), restarts
+        assert restarts[1]["resumed"] == os.path.join(logdir, "checkpoints")
+        frames = [int(r["frames"]) for r in csv.DictReader(open(os.path.join(logdir, "metrics.csv")))]
+        assert frames[-1] > frames[before - 2] > 0  # the counter went on from the checkpoint, not from 0
+    finally:  # also when a check failed: a job left running would outlive the test's Slurm
+        assert cluster.run("scancel", job).returncode == 0
+        _wait_done(cluster, job, slurm_fixture.KILL_WAIT_S + 60, out)
     deadline = time.time() + 30
     while _leftovers(logdir) and time.time() < deadline:
         time.sleep(1)

@@ -343,7 +343,8 @@ flags.register_multi_flags_validator(
     message="--minibatch_over=steps needs --vtrace_targets=batch_start (V-trace's every-step targets read "
             "each step's successors, which a minibatch of single steps does not hold)")
 flags.register_multi_flags_validator(
-    ["actor_wait_for_weights", "actor_send_ahead"], lambda d: not (d["actor_wait_for_weights"] and d["actor_send_ahead"]),
+    ["actor_wait_for_weights", "actor_send_ahead"],
+    lambda d: not (d["actor_wait_for_weights"] and d["actor_send_ahead"]),
     message="--actor_wait_for_weights needs --noactor_send_ahead (an actor that sends ahead has stepped on before "
             "its unroll is queued)")
 flags.register_multi_flags_validator(

@@ -4,11 +4,11 @@ again.
 
 The watch loop (watch.monitor) polls every host over SSH. A host that has not answered for
 --actor_host_lost_s is lost: each of its actor windows (and the evaluator's) is opened on the
-surviving actor host with the fewest of them, under the same --task (so it feeds the same learner under the same
-id, and the learner's `actors alive/n` comes back). Nothing is trained twice: what died with
-the host was never sent, and a moved actor's copy left running behind a network partition
-sends unrolls of its own, never the same ones; when that host answers again its copies of
-moved actors are killed, so the run is back to one process per actor.
+surviving actor host with the fewest of them, under the same --task (so it feeds the same
+learner under the same id, and the learner's `actors alive/n` comes back). Nothing is trained
+twice: what died with the host was never sent, and a moved actor's copy left running behind a
+network partition sends unrolls of its own, never the same ones; when that host answers again its
+copies of moved actors are killed, so the run is back to one process per actor.
 
 Every move is appended to <logdir>/actor_moves.json, which --action=status, watch and stop
 read back (load_plan applies it), so they look for each actor where it runs now.
@@ -95,7 +95,7 @@ class HostLoss:
         if FLAGS.actor_host_lost_s:
             for key in self._worker_hosts():
                 if key not in reachable and self._silent(key, now) >= FLAGS.actor_host_lost_s:
-                    self._move_actors_off(key, now, reachable)  # what could not move tries again next poll
+                    self._move_workers_off(key, now, reachable)  # what could not move tries again next poll
         return {m.actor for m in self.moves[before:]}
 
     def _worker_hosts(self):
@@ -107,7 +107,7 @@ class HostLoss:
     def _since(self, key, now):
         return f"{self._silent(key, now):.0f} s"
 
-    def _move_actors_off(self, key, now, reachable):
+    def _move_workers_off(self, key, now, reachable):
         label = self.hosts[key].label
         leaving = [w for w in movable_windows(self.plan) if w.host == key]
         why = f"{label} has not answered for {self._since(key, now)} (--actor_host_lost_s)"

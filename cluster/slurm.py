@@ -176,7 +176,6 @@ class Run:
     def stop(self, signum=None, frame=None):
         """SIGINT to every learner rank: a checkpoint, then closed queues that send the actors home."""
         if self.learner is not None and self.learner.poll() is None and not self.stopping:
-            self.stopping = True
             say("signal %s: stopping the learners (checkpoint first)" % (signum or "-"))
             try:
                 os.killpg(self.learner.pid, signal.SIGINT)
@@ -195,15 +194,7 @@ class Run:
         deadline = time.time() + ACTOR_GRACE_S
         while any(a.poll() is None for a in self.actors) and time.time() < deadline:
             time.sleep(0.5)
-        for a in self.actors:
-            if a.poll() is None:  # srun ends its step on SIGTERM
-                a.send_signal(signal.SIGTERM)
-        for a in self.actors:
-            try:
-                a.wait(30)
-            except subprocess.TimeoutExpired:
-                a.kill()
-                a.wait()
+        _end_steps(self.actors)
         codes = [a.returncode for a in self.actors]
         say("actors exited with status %s" % ", ".join(str(c) for c in codes))
         return self.learner.returncode
@@ -242,10 +233,11 @@ class Run:
         code = self.learner.returncode
         done = sum(r.worker == "learners" for r in self.restarts)
         why_not = slurm_watch.why_not_restart(code, self.stopping, done, self.limits["learners"])
-        up = slurm_watch.nodes_up(sorted({n for n, _ in self.layout.learners}))
-        learners = [(n, port) for n, port in self.layout.learners if n in up]
-        if not why_not and not learners:
-            why_not = "no learner node is up"
+        learners = []
+        if not why_not:  # sinfo only when a restart is due, not at every run's end
+            up = slurm_watch.nodes_up(sorted({n for n, _ in self.layout.learners}))
+            learners = [(n, port) for n, port in self.layout.learners if n in up]
+            why_not = "" if learners else "no learner node is up"
         if why_not:
             if why_not not in ("finished", "stopping"):
                 say("the learners exited with status %d; not restarting them: %s" % (code, why_not))
@@ -260,10 +252,8 @@ class Run:
             "resuming from the newest checkpoint in " + resumed if resumed else "from the start (no checkpoint yet)"))
         self._start_learners()
         if moved:  # actor i feeds learner i % K: every actor needs the new list
-            for i, a in enumerate(self.actors):
-                if a.poll() is None:
-                    a.send_signal(signal.SIGTERM)
-                    a.wait()
+            _end_steps(self.actors)
+            for i in range(len(self.actors)):
                 self._start_actor(i)
         self._record("learners", sorted({n for n, _ in learners}), why, resumed)
         return True
@@ -272,6 +262,20 @@ class Run:
         self.restarts.append(slurm_watch.Restart(time=time.time(), worker=worker, nodes=nodes, why=why,
                                                  resumed=resumed))
         slurm_watch.record(self.logdir, self.restarts)
+
+
+def _end_steps(steps):
+    """SIGTERM to the srun steps still running (srun ends its step on it), then a kill for any that
+    has not ended 30 s later."""
+    for a in steps:
+        if a.poll() is None:
+            a.send_signal(signal.SIGTERM)
+    for a in steps:
+        try:
+            a.wait(30)
+        except subprocess.TimeoutExpired:
+            a.kill()
+            a.wait()
 
 
 def say(msg):

@@ -224,6 +224,10 @@ flags.DEFINE_enum("vtrace_targets", "every_step", ["every_step", "batch_start"],
 flags.DEFINE_float("vtrace_lambda", 1.0, "lambda of the V-trace traces c_s = lambda min(1, pi/mu) "
                    "(the paper's Retrace-like remark); 1 is IMPALA's; lower trades variance for "
                    "bias, like GAE's lambda.")
+flags.DEFINE_enum("pg_advantage", "vtrace", ["vtrace", "gae"], "The policy gradient's advantage: "
+                  "vtrace: the paper's r_s + gamma v_{s+1} - V(x_s); gae: v_s - V(x_s), which with the "
+                  "actors on the learner's policy is PPO's GAE(--vtrace_lambda) exactly (the paper's weighs "
+                  "every step after the first 1/lambda more).")
 flags.DEFINE_float("decay", 0.99, "RMSProp decay.")
 flags.DEFINE_float("momentum", 0.0, "RMSProp momentum.")
 flags.DEFINE_float("epsilon", 0.1, "RMSProp epsilon, inside the square root as in TF1 and "
@@ -277,7 +281,8 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",
              "replay_parameters",
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "minibatch_over",
-             "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "normalize_advantages", "weight_init",
+             "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "pg_advantage", "normalize_advantages",
+             "weight_init",
              "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs",
              "actor_send_ahead", "actor_wait_for_weights"]
 

@@ -59,7 +59,7 @@ def log_probs_from_logits_and_actions(policy_logits, actions):
 
 def from_logits(behaviour_policy_logits, target_policy_logits, actions, discounts,
                 rewards, values, bootstrap_value, clip_rho_threshold=1.0,
-                clip_pg_rho_threshold=1.0, lambda_=1.0, name="vtrace_from_logits"):
+                clip_pg_rho_threshold=1.0, lambda_=1.0, pg_advantage="vtrace", name="vtrace_from_logits"):
     """V-trace for softmax policies given as logits.
 
     behaviour_policy_logits, target_policy_logits: [T, B, NUM_ACTIONS] float32.
@@ -83,7 +83,7 @@ def from_logits(behaviour_policy_logits, target_policy_logits, actions, discount
         vtrace_returns = from_importance_weights(
             log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values,
             bootstrap_value=bootstrap_value, clip_rho_threshold=clip_rho_threshold,
-            clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=lambda_)
+            clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=lambda_, pg_advantage=pg_advantage)
         return VTraceFromLogitsReturns(
             vs=vtrace_returns.vs, pg_advantages=vtrace_returns.pg_advantages,
             log_rhos=log_rhos, behaviour_action_log_probs=behaviour_action_log_probs,
@@ -92,13 +92,17 @@ def from_logits(behaviour_policy_logits, target_policy_logits, actions, discount
 
 def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_value,
                             clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0, lambda_=1.0,
-                            name="vtrace_from_importance_weights"):
+                            pg_advantage="vtrace", name="vtrace_from_importance_weights"):
     """V-trace from log importance weights log(pi(a_s|x_s) / mu(a_s|x_s)).
 
     log_rhos, discounts, rewards, values: [T, B] float32; bootstrap_value: [B].
     clip_rho_threshold: rho_bar, or None for no clipping of rho_s.
     clip_pg_rho_threshold: rho_bar_pg for the advantages, or None for no clipping.
     lambda_: the trace's lambda in (0, 1] (1: the paper's main V-trace).
+    pg_advantage: "vtrace": the paper's rho_s (r_s + gamma v_{s+1} - V(x_s)); "gae": v_s - V(x_s),
+      whose first step carries min(rho_bar, rho_s) and whose later steps the traces c: with the
+      actors on the target policy it is GAE(lambda) exactly, where the paper's weighs every step
+      after the first 1/lambda more (clip_pg_rho_threshold does not apply).
     Returns VTraceReturns(vs, pg_advantages), both [T, B], gradient-free.
     """
     with tf.name_scope(name):
@@ -106,7 +110,7 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
             tf.convert_to_tensor(t, dtype=tf.float32)
             for t in (log_rhos, discounts, rewards, values, bootstrap_value))
         _check_arguments(log_rhos, discounts, rewards, values, bootstrap_value,
-                         clip_rho_threshold, clip_pg_rho_threshold, lambda_)
+                         clip_rho_threshold, clip_pg_rho_threshold, lambda_, pg_advantage)
 
         rhos = tf.exp(log_rhos)
         if clip_rho_threshold is not None:
@@ -130,6 +134,8 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
             reverse=True, name="scan")
         vs = vs_minus_v_xs + values
 
+        if pg_advantage == "gae":
+            return VTraceReturns(vs=tf.stop_gradient(vs), pg_advantages=tf.stop_gradient(vs_minus_v_xs))
         # Advantages use v_{s+1} (the V-trace target one step on).
         vs_t_plus_1 = tf.concat([vs[1:], bootstrap_value[tf.newaxis]], axis=0)
         if clip_pg_rho_threshold is not None:
@@ -143,7 +149,7 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
 
 
 def _check_arguments(log_rhos, discounts, rewards, values, bootstrap_value,
-                     clip_rho_threshold, clip_pg_rho_threshold, lambda_):
+                     clip_rho_threshold, clip_pg_rho_threshold, lambda_, pg_advantage="vtrace"):
     """Ranks ([T, B] and [B]) and the thresholds' ranges, with a message naming the argument."""
     for label, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
         if tensor.shape.rank != log_rhos.shape.rank:
@@ -156,5 +162,7 @@ def _check_arguments(log_rhos, discounts, rewards, values, bootstrap_value,
                              ("clip_pg_rho_threshold", clip_pg_rho_threshold)):
         if threshold is not None and not threshold > 0:
             raise ValueError(f"{label} must be > 0 or None, got {threshold}")
+    if pg_advantage not in ("vtrace", "gae"):
+        raise ValueError(f"pg_advantage must be 'vtrace' or 'gae', got {pg_advantage!r}")
     if not 0 < lambda_ <= 1:
         raise ValueError(f"lambda_ must be in (0, 1], got {lambda_}")

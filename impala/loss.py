@@ -35,7 +35,8 @@ def vtrace_targets(agent_out, batch, flags):
     anchor = batch.get("old_logits")
     target = agent_out.policy_logits[:-1] if anchor is None else anchor
     values = dict(discounts=discounts, rewards=rewards, values=agent_out.baseline[:-1],
-                  bootstrap_value=agent_out.baseline[-1], lambda_=flags.vtrace_lambda)
+                  bootstrap_value=agent_out.baseline[-1], lambda_=flags.vtrace_lambda,
+                  pg_advantage=flags.pg_advantage)
     policy = policy_of(batch)
     if not policy.continuous:
         return vtrace.from_logits(behaviour_policy_logits=batch["behaviour_logits"], target_policy_logits=target,

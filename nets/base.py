@@ -13,6 +13,7 @@ uint8 observations (Atari frames) are scaled to [0, 1] floats here, then, with
 `RunningNormaliser` (agent.obs_normaliser); with --normalize_returns the
 baseline head is trained on standardised returns and reported in return units.
 """
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -149,13 +150,19 @@ def freeze_casts(agent):
     return refresh
 
 
+RESIDUAL_TORSO_CONV = re.compile(r"resnet_torso/.*conv")  # nets/resnet.py's conv sections and blocks
+
+
 def orthogonal_init(agent, seed=0):
     """Re-initialises an agent as CleanRL / OpenAI baselines do: orthogonal weights with gain
     sqrt(2) under ReLUs, 1 for the baseline, 0.01 for the policy logits (a near-uniform
-    first policy that the screen can move), zero biases. LSTM weights are left alone."""
+    first policy that the screen can move), zero biases. LSTM weights are left alone, and so are
+    the deep IMPALA torso's convs: its stream runs conv, max-pool and residual adds with no ReLU
+    between sections, and He's gain there gave features 30x the shallow net's (tests/test_learner.py);
+    Sonnet's init, the paper's, keeps them at the shallow net's scale."""
     for i, v in enumerate(agent.trainable_variables):
         name = v.name
-        if "lstm" in name or "log_std" in name:
+        if "lstm" in name or "log_std" in name or RESIDUAL_TORSO_CONV.search(name):
             continue
         if name.endswith("/b:0"):
             v.assign(tf.zeros_like(v))

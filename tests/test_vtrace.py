@@ -87,6 +87,45 @@ def test_on_policy_lambda_gives_the_lambda_return():
     np.testing.assert_allclose(out.vs.numpy() - values, gae, rtol=1e-5, atol=1e-5)
 
 
+def test_gae_advantage_on_policy_is_walle_gae_across_episode_ends():
+    """pg_advantage="gae" with the actors on the target policy is PPO's GAE(lambda), as WALL-E
+    computes it (walle/agent.py compute_gae), episode ends inside the unroll included; the
+    paper's advantage is not (it weighs the steps after the first 1/lambda more)."""
+    from walle.agent import compute_gae
+    T, gamma, lam = 12, 0.99, 0.95
+    rng = np.random.default_rng(5)
+    rewards = rng.normal(size=(T, 1)).astype(np.float32)
+    values = rng.normal(size=(T, 1)).astype(np.float32)
+    bootstrap = rng.normal(size=(1,)).astype(np.float32)
+    dones = np.zeros(T, np.float32)
+    dones[[3, 8]] = 1.0  # terminations: no bootstrap, the trace stops
+    discounts = (gamma * (1.0 - dones))[:, None].astype(np.float32)
+    args = (np.zeros((T, 1), np.float32), discounts, rewards, values, bootstrap)
+    gae_out = vtrace.from_importance_weights(*args, lambda_=lam, pg_advantage="gae")
+    paper = vtrace.from_importance_weights(*args, lambda_=lam)
+    next_values = np.concatenate([values[1:, 0], bootstrap]) * (1.0 - dones)
+    want, _ = compute_gae(rewards[:, 0], values[:, 0], next_values, dones, gamma, lam)
+    np.testing.assert_allclose(gae_out.pg_advantages.numpy()[:, 0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gae_out.vs.numpy(), paper.vs.numpy())  # the value targets are the same
+    assert np.abs(paper.pg_advantages.numpy()[:, 0] - want).max() > 1e-2
+
+
+def test_gae_advantage_off_policy_is_the_target_minus_the_value():
+    """Off the target policy the "gae" advantage is v_s - V(x_s): its first step weighted by
+    min(rho_bar, rho_s), the later ones by V-trace's traces."""
+    rng = np.random.default_rng(6)
+    args = random_inputs(rng, 20, 4)
+    out = vtrace.from_importance_weights(*args, lambda_=0.9, pg_advantage="gae")
+    np.testing.assert_allclose(out.pg_advantages.numpy(), out.vs.numpy() - args[3], rtol=1e-5, atol=1e-5)
+    vs, _ = reference_vtrace(*args, lambda_=0.9)
+    np.testing.assert_allclose(out.vs.numpy(), vs, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_pg_advantage_is_named():
+    with pytest.raises(ValueError, match="pg_advantage must be 'vtrace' or 'gae', got 'td'"):
+        vtrace.from_importance_weights(*random_inputs(np.random.default_rng(0), 3, 2), pg_advantage="td")
+
+
 def test_bad_lambda_is_rejected():
     rng = np.random.default_rng(0)
     for bad in (0.0, 1.5):

@@ -1,4 +1,4 @@
-"""PongNoFrameskip-v4 with IMPALA (SimpleConvNetAgent) on a local cluster, for
+"""PongNoFrameskip-v4 with IMPALA (SimpleConvNetAgent unless --extra names another net) on a local cluster, for
 a fixed frame budget, next to the raw env-stepping ceiling of the same cores
 measured in the same run.
 
@@ -74,6 +74,11 @@ def run_flags(a):
         e for e in a.extra if e not in flagfiles]
 
 
+def agent_name(flags):
+    """The net the run trains: the last --agent_name of its flags, flagfiles expanded."""
+    return next(e.split("=", 1)[1] for e in reversed(expand_flagfiles(flags)) if e.startswith("--agent_name="))
+
+
 def frame_size(flags):
     """The frame size the run will use: the last --width/--height of its flags as absl reads them."""
     given = expand_flagfiles(flags)
@@ -127,8 +132,8 @@ def table(a, rows, summary, limit, run):
     hit = run["hit"]
     share = lambda k: 100 * tb[k] / tb["elapsed_s"]  # noqa: E731
     return [
-        "# %s, IMPALA SimpleConvNetAgent, 1 learner + %d actors x %d envs (2-core CPU)" % (
-            a.level, a.actors, a.envs_per_actor), "",
+        "# %s, IMPALA %s, 1 learner + %d actors x %d envs (2-core CPU)" % (
+            a.level, agent_name(run_flags(a)), a.actors, a.envs_per_actor), "",
         "| figure | value |", "|---|---|",
         "| env ceiling, %d Python processes / native vector env with %d threads (random actions) | "
         "%.0f / %.0f frames/s |" % (os.cpu_count(), os.cpu_count(), limit["python"], limit["native"]),

@@ -70,13 +70,14 @@ def log_text(logdir, name="learner.log"):
         return f.read()
 
 
-def finished_run(logdir):
+def finished_run(logdir, keep=False):
     """What a stopped run left in `logdir`: metrics.csv's rows, summary.json (None where the
     learner wrote none) and the learner's log ("" where there is none); then removes `logdir`,
-    since the benches keep only their own tables."""
+    since the benches keep only their own tables, unless `keep` (a run to go on with later)."""
     rows = read_csv(os.path.join(logdir, "metrics.csv"))
     summary, log = read_json(os.path.join(logdir, "summary.json")), log_text(logdir)
-    shutil.rmtree(logdir, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(logdir, ignore_errors=True)
     return rows, summary, log
 
 

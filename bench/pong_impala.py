@@ -58,6 +58,10 @@ def parse_args():
     p.add_argument("--extra", action="append", default=[],
                    help="one more experiment.py flag, e.g. --extra=--epsilon=1e-5 (repeatable)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--run_dir", default=None,
+                   help="the run's folder, kept afterwards (checkpoints, metrics.csv) so that a stopped run can go "
+                        "on: the same command with --extra=--mode=train_w_load --extra=--load_model_url=<run_dir> "
+                        "and a larger --frames; default: a temporary folder, removed at the end")
     return p.parse_args()
 
 
@@ -194,10 +198,10 @@ def main():
     print("ceiling at %dx%d: %d processes step %s at %.0f frames/s, the native vector env at %.0f"
           % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
 
-    logdir = tempfile.mkdtemp(prefix="pong_bench_")
+    logdir = a.run_dir or tempfile.mkdtemp(prefix="pong_bench_")
     t0 = time.time()
     code, hit, interrupted = train(a, flags, logdir)
-    rows, summary, log = common.finished_run(logdir)
+    rows, summary, log = common.finished_run(logdir, keep=a.run_dir is not None)
     if code != 0 or not rows or summary is None:
         print("training failed (exit %s):\n%s" % (code, "\n".join(log.splitlines()[-25:])))
         return 1

@@ -20,6 +20,25 @@ def _bench(script, *args, timeout=600):
 
 
 @pytest.mark.long
+@pytest.mark.timeout(900)
+def test_pong_impala_keeps_its_run_dir_and_a_stopped_run_goes_on_from_it(tmp_path):
+    """--run_dir keeps the run's folder; the same command with train_w_load and a larger budget
+    resumes from its checkpoint, its curve going on past the first run's frames."""
+    run = str(tmp_path / "run")
+    common = ["--ceiling_s", "1", "--actors", "1", "--envs_per_actor", "8", "--batch_size", "4",
+              "--base_port", "18960", "--out", str(tmp_path), "--run_dir", run]
+    _bench("pong_impala.py", "--frames", "30000", "--tag", "first", *common)
+    assert os.listdir(os.path.join(run, "checkpoints"))
+    assert "IMPALA SimpleConvNetAgent" in (tmp_path / "first.md").read_text()
+    _bench("pong_impala.py", "--frames", "50000", "--tag", "second", *common,
+           "--extra=--mode=train_w_load", "--extra=--load_model_url=" + run)
+    with open(tmp_path / "second.csv") as f:
+        frames = [float(r["frames"]) for r in csv.DictReader(f)]
+    first = json.load(open(tmp_path / "first.json"))["frames"]
+    assert frames[-1] >= 50000 and min(frames) <= first < max(frames)
+
+
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_pong_impala_reports_a_short_run_beside_its_ceiling(tmp_path):
     _bench("pong_impala.py", "--frames", "60000", "--ceiling_s", "2", "--actors", "1", "--envs_per_actor", "8",

@@ -149,7 +149,7 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
 
 
 def _check_arguments(log_rhos, discounts, rewards, values, bootstrap_value,
-                     clip_rho_threshold, clip_pg_rho_threshold, lambda_, pg_advantage="vtrace"):
+                     clip_rho_threshold, clip_pg_rho_threshold, lambda_, pg_advantage):
     """Ranks ([T, B] and [B]) and the thresholds' ranges, with a message naming the argument."""
     for label, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
         if tensor.shape.rank != log_rhos.shape.rank:

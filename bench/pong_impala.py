@@ -78,16 +78,16 @@ def run_flags(a):
         e for e in a.extra if e not in flagfiles]
 
 
-def agent_name(flags):
-    """The net the run trains: the last --agent_name of its flags, flagfiles expanded."""
-    return next(e.split("=", 1)[1] for e in reversed(expand_flagfiles(flags)) if e.startswith("--agent_name="))
+def last_flag(flags, name, default=None):
+    """The value the run gets for --name: the last one of its flags, flagfiles expanded, as absl
+    reads them; `default` where none is given."""
+    return next((e.split("=", 1)[1] for e in reversed(expand_flagfiles(flags)) if e.startswith("--%s=" % name)),
+                default)
 
 
 def frame_size(flags):
-    """The frame size the run will use: the last --width/--height of its flags as absl reads them."""
-    given = expand_flagfiles(flags)
-    return tuple(int(next((e.split("=")[1] for e in reversed(given) if e.startswith("--%s=" % k)), 84))
-                 for k in ("width", "height"))
+    """The frame size the run will use: (--width, --height)."""
+    return tuple(int(last_flag(flags, k, 84)) for k in ("width", "height"))
 
 
 def threshold_row(logdir, target):
@@ -130,14 +130,14 @@ def command_line(a):
 
 
 def table(a, rows, summary, limit, run):
-    """The Markdown report's lines; run holds median_fps, ratio, wall, hit and interrupted."""
+    """The Markdown report's lines; run holds median_fps, ratio, wall, hit, interrupted and agent."""
     lags = sorted(float(r["policy_lag"]) for r in rows if r.get("policy_lag"))
     tb = summary["time_breakdown"]
     hit = run["hit"]
     share = lambda k: 100 * tb[k] / tb["elapsed_s"]  # noqa: E731
     return [
         "# %s, IMPALA %s, 1 learner + %d actors x %d envs (2-core CPU)" % (
-            a.level, agent_name(run_flags(a)), a.actors, a.envs_per_actor), "",
+            a.level, run["agent"], a.actors, a.envs_per_actor), "",
         "| figure | value |", "|---|---|",
         "| env ceiling, %d Python processes / native vector env with %d threads (random actions) | "
         "%.0f / %.0f frames/s |" % (os.cpu_count(), os.cpu_count(), limit["python"], limit["native"]),
@@ -206,7 +206,8 @@ def main():
         print("training failed (exit %s):\n%s" % (code, "\n".join(log.splitlines()[-25:])))
         return 1
     fps = sorted(float(r["fps"]) for r in rows[1:] or rows)
-    run = {"median_fps": fps[len(fps) // 2], "wall": time.time() - t0, "hit": hit, "interrupted": interrupted}
+    run = {"median_fps": fps[len(fps) // 2], "wall": time.time() - t0, "hit": hit, "interrupted": interrupted,
+           "agent": last_flag(flags, "agent_name")}
     run["ratio"] = run["median_fps"] / limit["limit"]
 
     # Every column of metrics.csv, so a run that stalls can be read afterwards (entropy, policy lag,

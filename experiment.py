@@ -154,6 +154,11 @@ flags.DEFINE_bool("normalize_returns", False, "Train the baseline head on value 
                   "running mean and variance (Sample Factory's normalize_returns, on in its Atari settings); "
                   "the agent reports values in return units. The statistics move once per batch and travel "
                   "with the weights.")
+flags.DEFINE_bool("normalize_rewards", False, "Divide every reward by the running standard deviation of its "
+                  "env's discounted return (--discounting), clipped to +-10: SB3 VecNormalize's norm_reward, "
+                  "CleanRL's reward scaling, WALL-E's --norm_reward. For continuous control with "
+                  "--reward_clipping=none, usually without --normalize_returns; the learner keeps the "
+                  "statistics and saves them with its checkpoints.")
 flags.DEFINE_bool("preserve_value_outputs", True, "With --normalize_returns, rescale the baseline head's last "
                   "layer whenever the return statistics move (after the first batch, which sets them) so that "
                   "its values in return units stay as they were (PopArt's preserve-outputs, van Hasselt "
@@ -283,7 +288,8 @@ RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats"
              "checkpoint_replay", "optimizer", "adam_epsilon", "num_sgd_iter", "num_minibatches", "minibatch_over",
              "clip_param", "clip_ratio_to", "vtrace_lambda", "vtrace_targets", "pg_advantage", "normalize_advantages",
              "weight_init",
-             "compute_dtype", "normalize_observations", "normalize_returns", "preserve_value_outputs",
+             "compute_dtype", "normalize_observations", "normalize_returns", "normalize_rewards",
+             "preserve_value_outputs",
              "actor_send_ahead", "actor_wait_for_weights"]
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:([0-9]{1,5})$")  # \d would take '８００１' too

@@ -38,6 +38,7 @@ class EnvGroup:
         n = rows.stop - rows.start
         self.obs = np.zeros((n,) + tuple(obs_shape), obs_dtype)
         self.first = np.ones([n], bool)
+        self.discounted_return = np.zeros([n])  # each env's, across unrolls (--normalize_rewards)
         batch.reset(self.obs)
 
 
@@ -61,8 +62,11 @@ def make_groups(flags, seed_index, agent, env_spec, log=None):
     return groups
 
 
-def fill_unroll(groups, buf, step, T, timings):
+def fill_unroll(groups, buf, step, T, timings, discounting=None):
     """Steps every group T times, writing the unroll into buf (fields [E, T(+1), ...]).
+    Where the unroll has a "discounted_return" field, each env's return discounted by
+    `discounting` (--discounting) runs on across unrolls and starts again where `done` or a new
+    episode ends it.
 
     Each group is sent its actions as soon as its inference is done and received only
     after the other groups' inference: with the native backend a group steps while the
@@ -95,11 +99,7 @@ def fill_unroll(groups, buf, step, T, timings):
             t0 = time.perf_counter()
             r = g.batch.recv(g.obs)
             rows = g.rows
-            buf["reward"][rows, t], buf["done"][rows, t] = r.reward, r.done
-            buf["episode_end"][rows, t] = r.episode_end
-            buf["episode_return"][rows, t] = r.episode_return
-            buf["episode_length"][rows, t] = r.episode_length
-            buf["env_crashes"][rows] += r.crashes
+            record_step(g, buf, t, r, discounting)
             transport.put_observation(buf, rows, t + 1, g.obs, r.episode_end)  # a new game: a new stack
             buf["first"][rows, t + 1] = g.first = r.new_episode  # not at a lost life: envs/batch.py
             timings.add("env", time.perf_counter() - t0)
@@ -115,6 +115,20 @@ def fill_unroll(groups, buf, step, T, timings):
                 timings.add("inference", time.perf_counter() - t0)
             if t + 1 < T:
                 infer(g, t + 1)
+
+
+def record_step(g, buf, t, r, discounting):
+    """Writes step t's env result `r` (envs.batch.StepResult) into group g's rows of the unroll."""
+    rows = g.rows
+    buf["reward"][rows, t], buf["done"][rows, t] = r.reward, r.done
+    buf["episode_end"][rows, t] = r.episode_end
+    buf["episode_return"][rows, t] = r.episode_return
+    buf["episode_length"][rows, t] = r.episode_length
+    if "discounted_return" in buf:
+        g.discounted_return = discounting * g.discounted_return + r.reward
+        buf["discounted_return"][rows, t] = g.discounted_return
+        g.discounted_return[r.done | r.new_episode] = 0.0
+    buf["env_crashes"][rows] += r.crashes
 
 
 def make_step(agent, n, env_spec):
@@ -194,7 +208,7 @@ class Actor:
     def next_unroll(self):
         """Fills the buffer with the next unroll and its timings (per env)."""
         self.buf["policy_version"][:] = self.client.version
-        fill_unroll(self.groups, self.buf, self.step, self.flags.unroll_length, self.timings)
+        fill_unroll(self.groups, self.buf, self.step, self.flags.unroll_length, self.timings, self.flags.discounting)
         self.buf["actor_timing"][:] = (self.timings.seconds / self.flags.envs_per_actor).astype(np.float32)
         if self.probe is not None:
             self.buf["actor_cpu"][:], self.buf["actor_rss_mb"][:] = self.probe.sample()

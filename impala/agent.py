@@ -17,12 +17,14 @@ def frame_size_of(flags):
 
 
 def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZE, compute_dtype="float32",
-                newest_frames=False, normalize_observations=False, normalize_returns=False, net=None):
+                newest_frames=False, normalize_observations=False, normalize_returns=False, net=None,
+                discounted_return=False):
     """The agent with its (float32) variables built, its torso then computing in
     `compute_dtype` (--compute_dtype), its observations and value targets standardised by
     running statistics with `normalize_observations` and `normalize_returns`, plus the
     unroll layout both sides share (newest_frames: see transport.make_unroll_spec; the
-    weights' size counts the published statistics). `net`: net_options(flags). Returns (agent, unroll
+    weights' size counts the published statistics). `net`: net_options(flags). discounted_return:
+    the unrolls carry each env's discounted return (--normalize_rewards). Returns (agent, unroll
     spec, env spec)."""
     net = net or {}
     spec = envs.env_spec(level_name, frame_size)
@@ -42,7 +44,7 @@ def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZ
     # Every unroll ships its cuts' last observations for the learner's current value there.
     unroll_spec = transport.make_unroll_spec(spec.obs_shape, spec.obs_dtype, policy,
                                              unroll_length, core_shapes, size, newest_frames,
-                                             cut_observation=True)
+                                             cut_observation=True, discounted_return=discounted_return)
     return agent, unroll_spec, spec
 
 
@@ -63,7 +65,8 @@ def build_from_flags(flags, newest_frames=None):
     dtype = "float32" if flags.compute_dtype == "auto" else flags.compute_dtype
     return build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size_of(flags), dtype,
                        sends_frames(flags) if newest_frames is None else newest_frames,
-                       flags.normalize_observations, flags.normalize_returns, net_options(flags))
+                       flags.normalize_observations, flags.normalize_returns, net_options(flags),
+                       getattr(flags, "normalize_rewards", False))
 
 
 def make_weight_setter(variables):

@@ -41,11 +41,22 @@ def describe(name, value):
 
 def load(path):
     """(the update's index, the weights it met, the batch, each normaliser's sample count
-    after the update by name) of a file the learner kept."""
+    after the update by name, with the reward normaliser's statistics as "reward_normaliser/<name>")
+    of a file the learner kept."""
     data = np.load(path)
     batch = {k[len("batch/"):]: data[k] for k in data.files if k.startswith("batch/")}
     counts = {k[len("count/"):]: float(data[k]) for k in data.files if k.startswith("count/")}
+    counts.update({k: data[k] for k in data.files if k.startswith("reward_normaliser/")})
     return int(data["version"]), data["weights_before"], batch, counts
+
+
+def restore_reward_statistics(learner, counts):
+    """--normalize_rewards: the reward normaliser as the kept file has it, after the update (its
+    statistics before it were not kept), so the replay folds the batch's returns in once more."""
+    if learner.reward_normaliser is not None and "reward_normaliser/var" in counts:
+        for k in ("mean", "var", "count"):
+            getattr(learner.reward_normaliser, k).assign(counts["reward_normaliser/" + k])
+        print("  reward_normaliser: the statistics after the update (those before it were not kept)")
 
 
 def restore_counts(agent, counts, batch):
@@ -68,10 +79,14 @@ def statistics_stage(learner, tensors):
     agent = learner.agent
     ok = True
     learner.move_observation_statistics(tensors)
+    tensors = learner.scale_rewards(tensors)
     tensors = learner.bootstrap_at_cuts(tensors)
     if agent.obs_normaliser is not None:
         ok = all([describe("observation normaliser mean", agent.obs_normaliser.mean),
                   describe("observation normaliser var", agent.obs_normaliser.var)])
+    if learner.reward_normaliser is not None:
+        ok = all([describe("reward normaliser var", learner.reward_normaliser.var),
+                  describe("rewards (scaled)", tensors["reward"])]) and ok
     out, _ = agent.unroll(tensors["observation"], tensors["first"], learner._core_state(tensors))
     ok = all([describe("policy parameters", out.policy_logits), describe("baseline (return units)", out.baseline)]) and ok
     tensors, targets = learner.fix_batch_start(tensors, out)
@@ -100,6 +115,7 @@ def replay_file(flags, path):
         published = nets.published_variables(learner.agent)
         agent_lib.make_weight_setter(published)(tf.constant(weights))
         restore_counts(learner.agent, counts, batch)
+        restore_reward_statistics(learner, counts)
         print("the weights it met, by variable, and the normalisers' counts:")
         ok = all([describe(v.name, v) for v in published]) and ok
         print("the update's stages, in order:")

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - install.sh always installs it
 
 KEEP_CHECKPOINTS = 3  # the newest ones; an unreadable newest falls back to the next
 EPISODES_SUFFIX = ".episodes.json"  # beside a checkpoint's prefix: the chief's recent episodes
+REWARD_CLIP = 10.0  # --normalize_rewards: SB3 VecNormalize's clip_reward
 
 
 def make_optimizer(flags, learning_rate, variables):
@@ -94,9 +95,13 @@ class Learner:
         # checkpoints: a resumed run counts afresh.
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.optimizer = make_optimizer(flags, self.learning_rate, self.variables)
+        # --normalize_rewards: the running variance of the envs' discounted returns. The learner's
+        # alone (the actors send returns, not scaled rewards), so it is saved here, not in the agent.
+        self.reward_normaliser = nets.RunningNormaliser((), "reward_normaliser") if flags.normalize_rewards else None
+        extra = {} if self.reward_normaliser is None else {"reward_normaliser": self.reward_normaliser}
         self.ckpt = tf.train.Checkpoint(agent=self.agent, optimizer=self.optimizer,
                                         num_env_frames=self.num_env_frames,
-                                        update_step=self.update_step)
+                                        update_step=self.update_step, **extra)
         self.ckpt_dir = os.path.join(logdir, "checkpoints")
         self.manager = tf.train.CheckpointManager(self.ckpt, self.ckpt_dir, max_to_keep=KEEP_CHECKPOINTS)
         # The chief's episode statistics ride beside each checkpoint as <prefix>.episodes.json (a
@@ -179,6 +184,7 @@ class Learner:
         one by one."""
         average = (lambda t: hvd.allreduce(t, op=hvd.Average)) if self.size > 1 else None
         self.move_observation_statistics(batch, average)
+        batch = self.scale_rewards(batch, average)
         batch = self.bootstrap_at_cuts(batch)
         if self.needs_batch_start_unroll():
             out, _ = self.agent.unroll(batch["observation"], batch["first"], self._core_state(batch))
@@ -190,6 +196,23 @@ class Learner:
         if self.agent.obs_normaliser is not None:
             self.agent.obs_normaliser.update(nets.preprocess_observation(batch["observation"][:-1]), average,
                                              batch.get("fresh"))
+
+    def scale_rewards(self, batch, average=None):
+        """--normalize_rewards: the batch with its rewards divided by the running standard deviation
+        of the envs' discounted returns, clipped to +-REWARD_CLIP (SB3's VecNormalize and CleanRL's
+        reward scaling; the mean is not taken off, so a reward's sign stays). The statistics take
+        the fresh unrolls' returns first, once per batch, so that every gradient step, and a
+        replayed unroll, reads rewards on the current scale. Unchanged without the flag."""
+        if self.reward_normaliser is None:
+            return batch
+        self.reward_normaliser.update(batch["discounted_return"], average, batch.get("fresh"))
+        scaled = batch["reward"] / self.reward_normaliser.std()
+        return dict(batch, reward=tf.clip_by_value(scaled, -REWARD_CLIP, REWARD_CLIP))
+
+    def reward_statistics_finite(self):
+        """Whether --normalize_rewards' statistics are finite (True without it)."""
+        norm = self.reward_normaliser
+        return norm is None or bool(np.isfinite(norm.mean.numpy()) and np.isfinite(norm.var.numpy()))
 
     def bootstrap_at_cuts(self, batch):
         """The batch with its "timeout_value" [T, B] at each row's last time-limit cut (its

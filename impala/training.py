@@ -132,11 +132,14 @@ class Trainer:
             return ("non-finite gradients in every step of %d updates in a row; the weights were kept as they "
                     "were before them" % self.refused_in_a_row)
         before, self.weights = self.weights, self.learner.flat_weights()  # publish() sends it: one read per update
-        if not np.isfinite(self.weights).all():
+        # The reward statistics are not among the weights; NaN there would refuse every later step.
+        bad = ("the weights" if not np.isfinite(self.weights).all() else None if self.learner.reward_statistics_finite()
+               else "the reward statistics (--normalize_rewards)")
+        if bad:
             path = self.keep_nonfinite_batch(before)
-            return ("the weights are not finite after update %d (were the observations or rewards NaN?); they "
+            return ("%s are not finite after update %d (were the observations or rewards NaN?); the weights "
                     "were not published, and no checkpoint is written; the batch and the weights it met are in %s"
-                    % (self.version + 1, path))
+                    % (bad, self.version + 1, path))
         return None
 
     def keep_nonfinite_batch(self, weights_before):
@@ -148,6 +151,9 @@ class Trainer:
         # Samples each normaliser had seen, after this update: the replay takes the batch's
         # off to weigh the batch as the run did (the counts are not among the weights).
         arrays.update({"count/" + n.name: n.count.numpy() for n in nets.normalisers(self.learner.agent)})
+        rewards = self.learner.reward_normaliser  # --normalize_rewards: not among the weights either
+        if rewards is not None:
+            arrays.update({"reward_normaliser/" + k: getattr(rewards, k).numpy() for k in ("mean", "var", "count")})
         np.savez_compressed(path, version=self.version, weights_before=weights_before, **arrays)
         return path
 

@@ -73,7 +73,7 @@ def _cut_fields(obs_shape, obs_dtype, newest_frames):
 
 
 def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_shapes,
-                     weights_size, newest_frames=False, cut_observation=False):
+                     weights_size, newest_frames=False, cut_observation=False, discounted_return=False):
     """actions: a number of discrete actions or a nets.distributions policy, which sets the
     action field's shape and dtype and the width of the behaviour policy's parameters.
     newest_frames: stacked frames [H, W, C] travel as the C frames of the first observation
@@ -81,13 +81,17 @@ def make_unroll_spec(obs_shape, obs_dtype, actions, unroll_length, core_state_sh
     cut_observation: each unroll also carries the last observation of its last episode cut by a
     time limit ("cut_observation", or with newest_frames only its newest frame "cut_frame": the
     older ones are observation cut_step's, see cut_stack) and that cut's step ("cut_step", -1
-    where none), so that the learner bootstraps from its current value there, not the actor's."""
+    where none), so that the learner bootstraps from its current value there, not the actor's.
+    discounted_return: each step also carries its env's discounted return so far (the actor's
+    running sum over the unrolls, 0 again after each episode end), from which the learner scales
+    rewards with --normalize_rewards."""
     T = unroll_length
     policy = distributions.make(actions)
     fields = _observation_fields(obs_shape, obs_dtype, T, newest_frames) + [
         Field("first", np.dtype(bool), (T + 1,)),
         Field("action", np.dtype(policy.action_dtype.as_numpy_dtype), (T,) + policy.action_shape),
         Field("reward", np.dtype(np.float32), (T,)),
+    ] + ([Field("discounted_return", np.dtype(np.float32), (T,))] if discounted_return else []) + [
         Field("done", np.dtype(bool), (T,)),
         # The actor's baseline V(x) of the last observation of an episode cut by a time
         # limit (truncated, not terminated), at that step; 0 elsewhere. The learner adds

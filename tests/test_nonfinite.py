@@ -168,3 +168,32 @@ def test_an_invalid_action_is_an_error_not_a_hang():
         b.recv(obs)
     finally:
         b.close()
+
+
+def test_a_nan_return_is_named_by_the_replay_with_the_reward_statistics_kept(tmp_path):
+    """--normalize_rewards: the reward normaliser is the learner's, not among the weights, and NaN in it
+    would refuse every later step. The run stops on it as on NaN weights; the kept file holds its
+    statistics, and the replay names the returns the actor sent, then the statistics."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lrn = _cartpole_learner(run, normalize_rewards=True)
+    with open(run / "options.json", "w") as f:
+        json.dump({name: getattr(lrn.flags, name) for name in experiment.RUN_FLAGS}, f)
+    t = _trainer(lrn, _Log())
+    bad = _batch(lrn, 1.0)
+    returns = np.ones(bad["discounted_return"].shape, np.float32)
+    returns[3, 2] = np.nan
+    bad["discounted_return"] = tf.constant(returns)
+    t.last_batch = bad
+    t.step_stats = lrn._train_step(bad, tf.constant(20, tf.int64))
+    why = t.check_finite()
+    assert "the reward statistics (--normalize_rewards) are not finite after update 1" in why, why
+    kept = np.load(run / "nonfinite_batch_rank0.npz")
+    assert np.isnan(kept["reward_normaliser/var"]) and kept["reward_normaliser/count"] == 1 + returns.size
+    r = subprocess.run([sys.executable, "experiment.py", "--mode=replay_nonfinite", "--load_model_url=%s" % run],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if "NOT FINITE" in line]
+    assert lines[0].split()[0] == "discounted_return" and "first at [3, 2]" in lines[0], r.stdout
+    assert "reward normaliser var" in lines[1], r.stdout
+    assert "reward_normaliser: the statistics after the update" in r.stdout, r.stdout

@@ -14,6 +14,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
@@ -24,6 +25,7 @@ from envs import batch as env_batch
 
 
 def _python_env(level, seconds, seed, screen, out):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the measurement
     env = envs.make_env(level, seed=seed, training=True, frame_size=screen)
     rng = np.random.default_rng(seed)
     env.reset(seed=seed)
@@ -38,6 +40,7 @@ def _python_env(level, seconds, seed, screen, out):
 
 
 def _native_env(level, seconds, num_envs, threads, screen, out):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as _python_env
     batch = env_batch.make_batch("native", level, num_envs, seed=1, frame_size=screen, threads=threads)
     w, h = screen
     obs = np.zeros((num_envs, h, w, 4), np.uint8)
@@ -58,9 +61,15 @@ def _in_processes(target, args_list, seconds):
     ps = [ctx.Process(target=target, args=args + (q,)) for args in args_list]
     for p in ps:
         p.start()
-    rates = [q.get(timeout=seconds + 120) for _ in ps]
-    for p in ps:
-        p.join()
+    try:
+        rates = [q.get(timeout=seconds + 120) for _ in ps]
+    except BaseException:  # Ctrl-C or a process that never reported: no stepper outlives the measurement
+        for p in ps:
+            p.terminate()
+        raise
+    finally:
+        for p in ps:
+            p.join()
     return sum(rates)
 
 

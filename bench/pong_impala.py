@@ -194,7 +194,11 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     flags = run_flags(a)
     screen = frame_size(flags)
-    limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
+    try:
+        limit = ceiling.physical_limit(a.level, os.cpu_count(), a.ceiling_s, screen)
+    except KeyboardInterrupt:  # before any training: nothing to report or keep
+        print("\n[stopped] Ctrl-C while measuring the env-stepping ceiling; nothing was trained", flush=True)
+        return 130
     print("ceiling at %dx%d: %d processes step %s at %.0f frames/s, the native vector env at %.0f"
           % (screen + (os.cpu_count(), a.level, limit["python"], limit["native"])), flush=True)
 

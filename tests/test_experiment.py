@@ -174,8 +174,8 @@ def test_number_flags_take_ascii_digits_only():
      "84 32 32 False batch_start linear"),
     # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.
     ("hopper", "level_name discounting num_minibatches minibatch_over adam_epsilon mlp_hidden actor_send_ahead "
-               "actor_wait_for_weights learning_rate_decay pg_advantage",
-     "Hopper-v5 0.99 32 steps 0.00064 ['64', '64'] False True linear gae")])
+               "actor_wait_for_weights learning_rate_decay pg_advantage normalize_rewards normalize_returns",
+     "Hopper-v5 0.99 32 steps 0.00064 ['64', '64'] False True linear gae True False")])
 def test_a_recipe_is_a_valid_run(recipe, names, expected):
     """configs/<recipe>.flags (what the README and the suites run) parses and passes the run checks."""
     code = ("import experiment\n"

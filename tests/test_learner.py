@@ -501,6 +501,22 @@ def test_a_restore_never_drops_the_normaliser_statistics(tmp_path, option, flag,
     assert learner.restore_newest_readable(tf.train.Checkpoint(agent=agent(saved)), prefix, full=False) == prefix
 
 
+def feed_half_replayed(lrn, fill, updates=4):
+    """Trains `updates` batches of a learner whose replay takes part of each batch, its fresh unrolls
+    random observations and whatever fill(fields, rng) writes; returns the fresh unrolls fed."""
+    rng = np.random.default_rng(0)
+    fed = 0
+    for _ in range(updates):
+        n = lrn.live_needed()
+        live = {fld.name: np.zeros((n,) + fld.shape, fld.dtype) for fld in lrn.spec.fields}
+        live["observation"][:] = rng.normal(size=live["observation"].shape)
+        fill(live, rng)
+        lrn._train_step(lrn.to_tensors(lrn.make_batch(live)), tf.constant(n * lrn.flags.unroll_length, tf.int64))
+        fed += n
+    assert fed < updates * lrn.flags.batch_size  # replay filled part of the later batches
+    return fed
+
+
 def test_replayed_unrolls_do_not_move_the_statistics_again(tmp_path):
     """With half of each batch from replay, the observation and return statistics count each
     unroll once, when it is new: T samples per fresh unroll, none per replayed one."""
@@ -510,15 +526,7 @@ def test_replayed_unrolls_do_not_move_the_statistics_again(tmp_path):
                              replay_parameters=replay, normalize_observations=True, normalize_returns=True,
                              total_environment_frames=10 ** 6)
     lrn = learner.Learner(f, str(tmp_path))
-    rng = np.random.default_rng(0)
-    fed = 0
-    for _ in range(4):
-        n = lrn.live_needed()
-        live = {fld.name: np.zeros((n,) + fld.shape, fld.dtype) for fld in lrn.spec.fields}
-        live["observation"][:] = rng.normal(size=live["observation"].shape)
-        lrn._train_step(lrn.to_tensors(lrn.make_batch(live)), tf.constant(n * 5, tf.int64))
-        fed += n
-    assert fed < 4 * 4  # replay filled part of the later batches
+    fed = feed_half_replayed(lrn, lambda live, rng: None)
     assert float(lrn.agent.obs_normaliser.count.numpy()) == 1 + 5 * fed
     assert float(lrn.agent.return_normaliser.count.numpy()) == 1 + 5 * fed
 

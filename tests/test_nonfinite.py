@@ -110,16 +110,31 @@ def test_a_run_of_nan_updates_stops_the_learner_and_nan_weights_are_never_publis
     assert "the weights are not finite after update" in t.check_finite()
 
 
+def _run_folder(tmp_path, **kw):
+    """(a run folder with the options.json a run writes, a CartPole learner of those flags in it)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lrn = _cartpole_learner(run, **kw)
+    with open(run / "options.json", "w") as f:
+        json.dump({name: getattr(lrn.flags, name) for name in experiment.RUN_FLAGS}, f)
+    return run, lrn
+
+
+def _replay_nonfinite(run):
+    """experiment.py --mode=replay_nonfinite on the run folder, as a user runs it: (its result, which
+    must be exit code 1, and its NOT FINITE lines in order)."""
+    r = subprocess.run([sys.executable, "experiment.py", "--mode=replay_nonfinite", "--load_model_url=%s" % run],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    return r, [line for line in r.stdout.splitlines() if "NOT FINITE" in line]
+
+
 def test_the_batch_that_made_the_weights_nan_is_kept_and_the_replay_names_the_stage(tmp_path):
     """A NaN observation makes the observation normaliser's statistics NaN: the learner stops,
     writes that batch and the finite weights it met to the run folder, and
     experiment.py --mode=replay_nonfinite, run on the folder as a user would, replays the
     update and names the observations as where it went wrong (exit code 1)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    lrn = _cartpole_learner(run, normalize_observations=True, normalize_returns=True)
-    with open(run / "options.json", "w") as f:
-        json.dump({name: getattr(lrn.flags, name) for name in experiment.RUN_FLAGS}, f)
+    run, lrn = _run_folder(tmp_path, normalize_observations=True, normalize_returns=True)
     t = _trainer(lrn, _Log())
     good = lrn.flat_weights()
     bad = _batch(lrn, 1.0)
@@ -135,10 +150,7 @@ def test_the_batch_that_made_the_weights_nan_is_kept_and_the_replay_names_the_st
     np.testing.assert_array_equal(kept["batch/observation"], obs)
     samples = obs.shape[1] * (obs.shape[0] - 1)  # the prior counts one
     assert kept["count/obs_normaliser"] == kept["count/return_normaliser"] == 1 + samples
-    r = subprocess.run([sys.executable, "experiment.py", "--mode=replay_nonfinite", "--load_model_url=%s" % run],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stdout + r.stderr
-    lines = [line for line in r.stdout.splitlines() if "NOT FINITE" in line]
+    r, lines = _replay_nonfinite(run)
     assert lines[0].split()[0] == "observation" and "first at [2, 1, 3]" in lines[0], r.stdout
     assert "observation normaliser mean" in lines[1], r.stdout
     assert re.search(r"obs_normaliser +1 samples seen before the update", r.stdout), r.stdout
@@ -174,11 +186,7 @@ def test_a_nan_return_is_named_by_the_replay_with_the_reward_statistics_kept(tmp
     """--normalize_rewards: the reward normaliser is the learner's, not among the weights, and NaN in it
     would refuse every later step. The run stops on it as on NaN weights; the kept file holds its
     statistics, and the replay names the returns the actor sent, then the statistics."""
-    run = tmp_path / "run"
-    run.mkdir()
-    lrn = _cartpole_learner(run, normalize_rewards=True)
-    with open(run / "options.json", "w") as f:
-        json.dump({name: getattr(lrn.flags, name) for name in experiment.RUN_FLAGS}, f)
+    run, lrn = _run_folder(tmp_path, normalize_rewards=True)
     t = _trainer(lrn, _Log())
     bad = _batch(lrn, 1.0)
     returns = np.ones(bad["discounted_return"].shape, np.float32)
@@ -190,10 +198,7 @@ def test_a_nan_return_is_named_by_the_replay_with_the_reward_statistics_kept(tmp
     assert "the reward statistics (--normalize_rewards) are not finite after update 1" in why, why
     kept = np.load(run / "nonfinite_batch_rank0.npz")
     assert np.isnan(kept["reward_normaliser/var"]) and kept["reward_normaliser/count"] == 1 + returns.size
-    r = subprocess.run([sys.executable, "experiment.py", "--mode=replay_nonfinite", "--load_model_url=%s" % run],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stdout + r.stderr
-    lines = [line for line in r.stdout.splitlines() if "NOT FINITE" in line]
+    r, lines = _replay_nonfinite(run)
     assert lines[0].split()[0] == "discounted_return" and "first at [3, 2]" in lines[0], r.stdout
     assert "reward normaliser var" in lines[1], r.stdout
     assert "reward_normaliser: the statistics after the update" in r.stdout, r.stdout

@@ -14,7 +14,7 @@ from impala import actor as actor_lib
 from impala import agent as agent_lib
 from impala import learner as learner_lib
 from impala.timings import Timings
-from tests.test_learner import _experiment_defaults
+from tests.test_learner import _experiment_defaults, feed_half_replayed
 
 GAMMA = 0.9
 
@@ -104,17 +104,11 @@ def test_the_update_scales_fresh_unrolls_once_and_a_checkpoint_keeps_the_statist
     replay = ('[{"type":"queue","capacity":1,"sample_ratio":0.5},'
               '{"type":"standard","capacity":16,"sample_ratio":0.5}]')
     lrn = _learner(tmp_path / "run", replay_parameters=replay)
-    rng = np.random.default_rng(1)
-    fed = 0
-    for _ in range(4):
-        n = lrn.live_needed()
-        live = {f.name: np.zeros((n,) + f.shape, f.dtype) for f in lrn.spec.fields}
-        live["observation"][:] = rng.normal(size=live["observation"].shape)
+
+    def fill(live, rng):
         live["reward"][:] = rng.normal(size=live["reward"].shape)
         live["discounted_return"][:] = rng.normal(5.0, 3.0, size=live["discounted_return"].shape)
-        lrn._train_step(lrn.to_tensors(lrn.make_batch(live)), tf.constant(n * 5, tf.int64))
-        fed += n
-    assert fed < 4 * 4  # replay filled part of the later batches
+    fed = feed_half_replayed(lrn, fill)
     assert float(lrn.reward_normaliser.count.numpy()) == 1 + 5 * fed
     assert 4.0 < float(lrn.reward_normaliser.var.numpy()) < 16.0
     prefix = lrn.save()

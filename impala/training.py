@@ -219,6 +219,9 @@ def finish(learner, tp, trainer, reason, exit_code, logdir, log):
     report = bottleneck_report(st, elapsed, frames - trainer.start_frames)
     log("[learner %d] %s after %d frames (%.0f s); checkpoint %s" % (rank, reason, frames, elapsed, path))
     log("[learner %d] final weights sha256 %s" % (rank, hashlib.sha256(learner.flat_weights().tobytes()).hexdigest()))
+    if learner.reward_normaliser is not None:  # not among the weights; the ranks must agree on it too
+        log("[learner %d] final reward statistics mean %r var %r" % (
+            rank, float(learner.reward_normaliser.mean.numpy()), float(learner.reward_normaliser.var.numpy())))
     log(report["text"])
     if tp.repeats.dropped:
         log("[learner %d] %d repeated unroll(s) dropped (re-sent after an enqueue timed out)" % (rank, tp.repeats.dropped))

@@ -404,12 +404,14 @@ def test_two_horovod_ranks_hold_identical_weights(tmp_path):
     """mpirun -np 2: each rank serves one actor; after training both ranks'
     weights hash the same (gradients averaged with allreduce). The hash covers the published
     observation and return statistics too, which each rank moves with the allreduce mean of
-    the ranks' batch moments: without it they would differ. With --compute_dtype=auto the ranks
+    the ranks' batch moments: without it they would differ; the actors' discounted returns reach
+    both ranks' reward statistics (--normalize_rewards) the same way. With --compute_dtype=auto the ranks
     choose their precision together, on the mean of their timings: ranks that traced different
     updates would wait for each other's allreduces for ever (two ranks that chose apart did)."""
     logdir = str(tmp_path / "run")
     c = LocalCluster(2, _free_base_port(), CARTPOLE + ["--total_environment_frames=8000", "--normalize_observations",
-                                                       "--normalize_returns", "--compute_dtype=auto"], logdir,
+                                                       "--normalize_returns", "--normalize_rewards", "--compute_dtype=auto"],
+                     logdir,
                      num_learners=2).start()
     try:
         assert c.wait(timeout=240) == 0, open(os.path.join(logdir, "logs", "learner.log")).read()
@@ -422,6 +424,8 @@ def test_two_horovod_ranks_hold_identical_weights(tmp_path):
     sums = dict(re.findall(r"\[learner (\d)\] final weights sha256 ([0-9a-f]{64})", log))
     assert set(sums) == {"0", "1"}, log
     assert sums["0"] == sums["1"]
+    rewards = dict(re.findall(r"\[learner (\d)\] final reward statistics mean \S+ var (\S+)", log))
+    assert set(rewards) == {"0", "1"} and rewards["0"] == rewards["1"] and float(rewards["0"]) != 1.0, log  # moved
     updates = re.findall(r"\[learner \d\] .* after (\d+) frames", log)
     assert len(updates) == 2 and updates[0] == updates[1]
 

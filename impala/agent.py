@@ -66,7 +66,7 @@ def build_from_flags(flags, newest_frames=None):
     return build_agent(flags.level_name, flags.agent_name, flags.unroll_length, frame_size_of(flags), dtype,
                        sends_frames(flags) if newest_frames is None else newest_frames,
                        flags.normalize_observations, flags.normalize_returns, net_options(flags),
-                       getattr(flags, "normalize_rewards", False))
+                       flags.normalize_rewards)
 
 
 def make_weight_setter(variables):

@@ -41,21 +41,22 @@ def describe(name, value):
 
 def load(path):
     """(the update's index, the weights it met, the batch, each normaliser's sample count
-    after the update by name, with the reward normaliser's statistics as "reward_normaliser/<name>")
-    of a file the learner kept."""
+    after the update by name, the reward normaliser's mean, var and count by name, empty without
+    --normalize_rewards) of a file the learner kept."""
     data = np.load(path)
-    batch = {k[len("batch/"):]: data[k] for k in data.files if k.startswith("batch/")}
-    counts = {k[len("count/"):]: float(data[k]) for k in data.files if k.startswith("count/")}
-    counts.update({k: data[k] for k in data.files if k.startswith("reward_normaliser/")})
-    return int(data["version"]), data["weights_before"], batch, counts
+
+    def prefixed(prefix):
+        return {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
+    counts = {k: float(v) for k, v in prefixed("count/").items()}
+    return int(data["version"]), data["weights_before"], prefixed("batch/"), counts, prefixed("reward_normaliser/")
 
 
-def restore_reward_statistics(learner, counts):
+def restore_reward_statistics(learner, statistics):
     """--normalize_rewards: the reward normaliser as the kept file has it, after the update (its
     statistics before it were not kept), so the replay folds the batch's returns in once more."""
-    if learner.reward_normaliser is not None and "reward_normaliser/var" in counts:
-        for k in ("mean", "var", "count"):
-            getattr(learner.reward_normaliser, k).assign(counts["reward_normaliser/" + k])
+    if learner.reward_normaliser is not None and statistics:
+        for k, v in statistics.items():
+            getattr(learner.reward_normaliser, k).assign(v)
         print("  reward_normaliser: the statistics after the update (those before it were not kept)")
 
 
@@ -103,7 +104,7 @@ def statistics_stage(learner, tensors):
 
 def replay_file(flags, path):
     """Replays one kept update; returns whether every stage was finite."""
-    version, weights, batch, counts = load(path)
+    version, weights, batch, counts, reward_statistics = load(path)
     print("%s: update %d, batch of %d unrolls" % (path, version + 1, batch["action"].shape[1]))
     print("inputs:")
     ok = all([describe(k, v) for k, v in sorted(batch.items()) if v.dtype.kind in "fiu"]
@@ -115,7 +116,7 @@ def replay_file(flags, path):
         published = nets.published_variables(learner.agent)
         agent_lib.make_weight_setter(published)(tf.constant(weights))
         restore_counts(learner.agent, counts, batch)
-        restore_reward_statistics(learner, counts)
+        restore_reward_statistics(learner, reward_statistics)
         print("the weights it met, by variable, and the normalisers' counts:")
         ok = all([describe(v.name, v) for v in published]) and ok
         print("the update's stages, in order:")

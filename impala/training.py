@@ -132,9 +132,9 @@ class Trainer:
             return ("non-finite gradients in every step of %d updates in a row; the weights were kept as they "
                     "were before them" % self.refused_in_a_row)
         before, self.weights = self.weights, self.learner.flat_weights()  # publish() sends it: one read per update
-        # The reward statistics are not among the weights; NaN there would refuse every later step.
-        bad = ("the weights" if not np.isfinite(self.weights).all() else None if self.learner.reward_statistics_finite()
-               else "the reward statistics (--normalize_rewards)")
+        bad = None if np.isfinite(self.weights).all() else "the weights"
+        if bad is None and not self.learner.reward_statistics_finite():  # not among the weights; NaN there
+            bad = "the reward statistics (--normalize_rewards)"  # would refuse every later step
         if bad:
             path = self.keep_nonfinite_batch(before)
             return ("%s are not finite after update %d (were the observations or rewards NaN?); the weights "

@@ -67,13 +67,14 @@ def parse_args():
 
 def run_flags(a):
     """experiment.py's flags for this run: defaults, then --extra's flagfiles (a recipe), then this
-    run's own settings, then the other --extra. The queue's size is a default, not this run's
-    setting: it sets the actors' policy lag, which a recipe chooses (configs/pong.flags keeps it at
-    one batch)."""
+    run's own settings, then the other --extra. The queue's size and the net are defaults, not this
+    run's settings: the queue sets the actors' policy lag, which a recipe chooses (configs/pong.flags
+    keeps it at one batch), and configs/pong_resnet.flags names its net."""
     flagfiles = [e for e in a.extra if e.startswith("--flagfile=")]
     return ["--entropy_cost=0.0006", "--learning_rate=0.0006", "--gradients_clipping=40",
-            "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor)] + flagfiles + [
-        "--level_name=" + a.level, "--agent_name=SimpleConvNetAgent"] + common.cluster_flags(a) + [
+            "--queue_capacity=%d" % max(2 * a.batch_size, a.envs_per_actor),
+            "--agent_name=SimpleConvNetAgent"] + flagfiles + [
+        "--level_name=" + a.level] + common.cluster_flags(a) + [
         "--total_environment_frames=%d" % a.frames, "--log_every_s=10", "--seed=%d" % a.seed] + [
         e for e in a.extra if e not in flagfiles]
 

@@ -19,6 +19,33 @@ def _bench(script, *args, timeout=600):
     return out.stdout
 
 
+@pytest.mark.timeout(120)
+def test_pong_impala_runs_the_net_and_rate_its_recipe_names():
+    """A recipe given as --extra=--flagfile= chooses the net and the learning rate over the bench's
+    defaults (SimpleConvNetAgent at 6e-4), as experiment.py parses the run's flags; a flag given
+    by --extra after it still wins."""
+    cases = [[], ["--extra=--flagfile=configs/pong.flags"], ["--extra=--flagfile=configs/pong_resnet.flags"],
+             ["--extra=--flagfile=configs/pong_resnet.flags", "--extra=--agent_name=ResNetLSTMAgent"]]
+    code = ("import json, sys\n"
+            "from bench import pong_impala\n"
+            "import experiment\n"
+            "for extra in json.loads(sys.argv[1]):\n"
+            "    sys.argv = ['pong_impala.py'] + extra\n"
+            "    flags = pong_impala.run_flags(pong_impala.parse_args())\n"
+            "    experiment.FLAGS.unparse_flags()\n"
+            "    experiment.FLAGS(['experiment.py'] + flags)\n"
+            "    print('case', experiment.FLAGS.agent_name, experiment.FLAGS.learning_rate,\n"
+            "          pong_impala.last_flag(flags, 'agent_name'))\n")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("case ")]
+    assert got == [["SimpleConvNetAgent", "0.0006", "SimpleConvNetAgent"],
+                   ["SimpleConvNetAgent", "0.0005", "SimpleConvNetAgent"],
+                   ["ResNetAgent", "0.00025", "ResNetAgent"],
+                   ["ResNetLSTMAgent", "0.00025", "ResNetLSTMAgent"]], r.stdout
+
+
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_pong_impala_keeps_its_run_dir_and_a_stopped_run_goes_on_from_it(tmp_path):

@@ -170,6 +170,9 @@ def test_number_flags_take_ascii_digits_only():
 @pytest.mark.parametrize("recipe,names,expected", [
     ("pong", "level_name width num_sgd_iter compute_dtype normalize_observations normalize_returns",
      "PongNoFrameskip-v4 42 4 auto True True"),
+    # pong_resnet.flags is the Pong recipe with the deep net at half the learning rate.
+    ("pong_resnet", "level_name width agent_name learning_rate num_sgd_iter clip_ratio_to normalize_returns",
+     "PongNoFrameskip-v4 42 ResNetAgent 0.00025 4 batch_start True"),
     ("atari", "width queue_capacity batch_size actor_send_ahead vtrace_targets learning_rate_decay",
      "84 32 32 False batch_start linear"),
     # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.

@@ -18,6 +18,7 @@ import tensorflow as tf
 import nets
 from impala import agent as agent_lib
 from impala import loss as loss_lib
+from impala.optimizers import FusedAdam
 from impala import precision
 from impala import replay as replay_lib
 from impala import replay_files
@@ -45,10 +46,11 @@ def make_optimizer(flags, learning_rate, variables):
       about 1/sqrt(1 - decay) = 10x lr in the sign of the gradient, large enough to kill
       first-layer filters on Pong (bench/results/pong_diagnosis.md), so ms is set to one here.
     adam: Adam (beta1 0.9, beta2 0.999, --adam_epsilon), bias-corrected, so it has no
-      such start-up burst; RLlib's IMPALA/APPO default.
+      such start-up burst; RLlib's IMPALA/APPO default. Sonnet's update, one fused kernel per
+      variable (impala/optimizers.py).
     """
     if flags.optimizer == "adam":
-        optimizer = snt.optimizers.Adam(learning_rate, epsilon=flags.adam_epsilon)
+        optimizer = FusedAdam(learning_rate, epsilon=flags.adam_epsilon)
     else:
         optimizer = snt.optimizers.RMSProp(learning_rate, decay=flags.decay,
                                            momentum=flags.momentum, epsilon=flags.epsilon)

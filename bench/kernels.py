@@ -3,11 +3,14 @@
   .venv/bin/python bench/kernels.py onednn --rounds 2
   .venv/bin/python bench/kernels.py compute_dtype --rounds 3
   .venv/bin/python bench/kernels.py net --workloads atari --rounds 3 --compute_dtype=float32
+  .venv/bin/python bench/kernels.py optimizer --workloads pong42 --rounds 3
 
 Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
 TensorFlow reads once at import), `compute_dtype` (--compute_dtype=float32/bfloat16, the
-agent's torso) and `xla` (the update and the actor step compiled by XLA, tf.function's
-jit_compile=True, against TensorFlow's graph executor: tried, not kept). Each setting runs in
+agent's torso), `xla` (the update and the actor step compiled by XLA, tf.function's
+jit_compile=True, against TensorFlow's graph executor: tried, not kept) and `optimizer`
+(Sonnet's Adam against the learner's fused one, impala/optimizers.py; the actor step does not
+use it, so its ratio there is noise). Each setting runs in
 its own process; the settings alternate for --rounds rounds and the table gives, per workload, the median time of each and the ratio of the
 first setting's time to the second's measured in this invocation (> 1: the second is faster).
 The learner update runs with TensorFlow's default threads (all cores), as the learner does;
@@ -51,6 +54,8 @@ LEVERS = {
                       ("bfloat16", {}, ["--compute_dtype=bfloat16"])],
     "xla": [("graph", {}, []), ("XLA", {"BENCH_JIT_COMPILE": "1"}, [])],  # jit_compile of the measured function
     "net": [("shallow", {}, ["--agent_name=SimpleConvNetAgent"]), ("Nature", {}, ["--agent_name=NatureConvNetAgent"])],
+    # --optimizer=adam's update: Sonnet's own ops against impala/optimizers.py's fused kernel (the learner's)
+    "optimizer": [("Sonnet Adam", {"BENCH_SONNET_ADAM": "1"}, []), ("fused Adam", {}, [])],
 }
 PARTS = {"update_s": "learner update", "step_s": "actor step"}
 
@@ -97,6 +102,8 @@ def measure(part, argv, reps):
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)
     lrn = make_learner(argv, "kernels")
+    if os.environ.get("BENCH_SONNET_ADAM") == "1":  # before the update is traced: it reads lrn.optimizer then
+        lrn.optimizer = sonnet_adam(lrn)
     batch = random_batch(lrn)
     jit = os.environ.get("BENCH_JIT_COMPILE") == "1"
     if part == "update_s":
@@ -112,6 +119,17 @@ def measure(part, argv, reps):
     state = lrn.agent.initial_state(E)
     step(o, first, state)
     return {part: timed(lambda: step(o, first, state)[0].action.numpy(), 50, reps)}
+
+
+def sonnet_adam(lrn):
+    """snt.optimizers.Adam with the learner's rate and epsilon and its slots made, as
+    impala/learner.py's make_optimizer makes the fused one."""
+    import sonnet as snt
+    import tensorflow as tf
+    opt = snt.optimizers.Adam(lrn.learning_rate, epsilon=lrn.flags.adam_epsilon)
+    opt.apply([tf.zeros_like(v) for v in lrn.variables], lrn.variables)
+    opt.step.assign(0)
+    return opt
 
 
 def child_json(script, args, env, what):

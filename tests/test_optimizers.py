@@ -71,3 +71,27 @@ def test_fused_adam_checkpoints_are_sonnets(tmp_path, first, second):
     tf.train.Checkpoint(opt=fresh, v=fresh_vars).restore(path).assert_consumed()
     for a, b in zip(_state(opt, variables), _state(fresh, fresh_vars)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_learner_update_is_the_same_with_sonnets_adam(tmp_path):
+    """The learner's whole update (3 passes in its graph loop, the skip of non-finite steps)
+    moves the weights as with Sonnet's Adam, which bench/kernels.py's optimizer lever swaps in."""
+    from bench import kernels
+    from impala import learner
+    from tests.test_learner import _experiment_defaults
+    f = _experiment_defaults(level_name="CartPole-v1", agent_name="MLPAgent", batch_size=4, unroll_length=5,
+                             optimizer="adam", num_sgd_iter=3, adam_epsilon=1e-5, learning_rate=0.01)
+    lrn = learner.Learner(f, str(tmp_path))
+    assert isinstance(lrn.optimizer, FusedAdam)
+    batch, frames = kernels.random_batch(lrn), tf.constant(10, tf.int64)
+    before = [v.numpy() for v in lrn.variables]
+    lrn._train_step(batch, frames)
+    fused = lrn.flat_weights()
+    for v, b in zip(lrn.variables, before):
+        v.assign(b)
+    lrn.optimizer = kernels.sonnet_adam(lrn)
+    assert type(lrn.optimizer) is snt.optimizers.Adam
+    tf.function(lrn._step, autograph=False)(batch, frames)
+    np.testing.assert_allclose(fused, lrn.flat_weights(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(fused, np.concatenate([b.ravel() for b in before]))
+    assert int(lrn.optimizer.step.numpy()) == 3

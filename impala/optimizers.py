@@ -2,9 +2,9 @@
 
 snt.optimizers.Adam builds its update from about ten elementwise ops per variable (two moment
 updates, two bias corrections, a square root, a division, the assignments), each a pass over the
-variable's memory. In the Pong recipe's update (16 gradient steps of a 0.7M-weight net) they took
-55 ms of 390 on a 2-core AMD EPYC (bench/learner_efficiency.py's breakdown). TensorFlow's
-ResourceApplyAdam does the same arithmetic in one pass per variable.
+variable's memory. TensorFlow's ResourceApplyAdam does the same arithmetic in one pass per
+variable: the Pong recipe's update (16 gradient steps of a 0.7M-weight net) runs 1.04x faster
+with it on a 2-core AMD EPYC (bench/kernels.py optimizer; bench/results/<machine>/optimizer.md).
 
 The update is Sonnet's exactly, not Keras's approximation: the fused kernel computes
     var -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps'),

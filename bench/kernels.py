@@ -122,14 +122,10 @@ def measure(part, argv, reps):
 
 
 def sonnet_adam(lrn):
-    """snt.optimizers.Adam with the learner's rate and epsilon and its slots made, as
-    impala/learner.py's make_optimizer makes the fused one."""
+    """snt.optimizers.Adam for the learner `lrn`, made as the learner makes its fused one."""
     import sonnet as snt
-    import tensorflow as tf
-    opt = snt.optimizers.Adam(lrn.learning_rate, epsilon=lrn.flags.adam_epsilon)
-    opt.apply([tf.zeros_like(v) for v in lrn.variables], lrn.variables)
-    opt.step.assign(0)
-    return opt
+    from impala import learner as learner_lib
+    return learner_lib.make_optimizer(lrn.flags, lrn.learning_rate, lrn.variables, adam=snt.optimizers.Adam)
 
 
 def child_json(script, args, env, what):

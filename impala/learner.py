@@ -37,8 +37,9 @@ EPISODES_SUFFIX = ".episodes.json"  # beside a checkpoint's prefix: the chief's 
 REWARD_CLIP = 10.0  # --normalize_rewards: SB3 VecNormalize's clip_reward
 
 
-def make_optimizer(flags, learning_rate, variables):
-    """--optimizer with its slots created now (so that a restore fills them).
+def make_optimizer(flags, learning_rate, variables, adam=FusedAdam):
+    """--optimizer with its slots created now (so that a restore fills them). `adam`: the class
+    --optimizer=adam makes (bench/kernels.py's optimizer lever passes Sonnet's own).
 
     rmsprop: TF1's tf.train.RMSPropOptimizer, which the original IMPALA used:
       ms <- decay ms + (1 - decay) g^2;  step = lr g / sqrt(ms + epsilon), with ms
@@ -50,7 +51,7 @@ def make_optimizer(flags, learning_rate, variables):
       variable (impala/optimizers.py).
     """
     if flags.optimizer == "adam":
-        optimizer = FusedAdam(learning_rate, epsilon=flags.adam_epsilon)
+        optimizer = adam(learning_rate, epsilon=flags.adam_epsilon)
     else:
         optimizer = snt.optimizers.RMSProp(learning_rate, decay=flags.decay,
                                            momentum=flags.momentum, epsilon=flags.epsilon)

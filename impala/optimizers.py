@@ -10,7 +10,7 @@ The update is Sonnet's exactly, not Keras's approximation: the fused kernel comp
     var -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps'),
 which equals Sonnet's lr m_hat / (sqrt(v_hat) + eps) when eps' = eps sqrt(1 - b2^t), so eps'
 is passed. The variables (step, m, v) are Sonnet's own, so checkpoints written with either class
-restore into the other (tests/test_learner.py checks both)."""
+restore into the other (tests/test_optimizers.py checks both)."""
 import sonnet as snt
 import tensorflow as tf
 from sonnet.src.optimizers import optimizer_utils

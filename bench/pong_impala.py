@@ -91,10 +91,19 @@ def frame_size(flags):
     return tuple(int(last_flag(flags, k, 84)) for k in ("width", "height"))
 
 
-def threshold_row(logdir, target):
-    """The first metrics row whose mean return of the last 20 games is at or above target, or None."""
-    rows = common.read_csv(os.path.join(logdir, "metrics.csv"))
-    return next((r for r in rows if float(r["mean_return_20"]) >= target), None)
+def threshold_row(logdir, target, games_in_flight):
+    """The first metrics row whose mean return of the last 20 games is at or above target, or None.
+    A resumed run (its time_s starts again) starts every env's game at once and the short, one-sided
+    games end first, so until each of the `games_in_flight` restarted games could have ended the
+    last 20 are not a fair sample: a Pong run resumed at 11.5 showed 19.45 on its first 16 games."""
+    rows, counted_from, last_t = common.read_csv(os.path.join(logdir, "metrics.csv")), 0, float("inf")
+    for r in rows:
+        if float(r["time_s"]) < last_t:  # the first row of a (re)start
+            counted_from = int(r["episodes"]) + games_in_flight if last_t != float("inf") else 0
+        last_t = float(r["time_s"])
+        if int(r["episodes"]) >= counted_from and float(r["mean_return_20"]) >= target:
+            return r
+    return None
 
 
 def train(a, flags, logdir):
@@ -107,7 +116,8 @@ def train(a, flags, logdir):
                 code = cluster.wait(timeout=2.0)
                 if code is not None:
                     break
-                hit = threshold_row(logdir, a.stop_at_return) if a.stop_at_return is not None else None
+                hit = (threshold_row(logdir, a.stop_at_return, a.actors * a.envs_per_actor)
+                       if a.stop_at_return is not None else None)
                 if hit is not None:
                     print("mean return %.2f >= %g at %s frames, %.0f s: stopping" % (
                         float(hit["mean_return_20"]), a.stop_at_return, hit["frames"],

@@ -46,6 +46,31 @@ def test_pong_impala_runs_the_net_and_rate_its_recipe_names():
                    ["ResNetLSTMAgent", "0.00025", "ResNetLSTMAgent"]], r.stdout
 
 
+def test_pong_impala_does_not_stop_on_the_first_short_games_after_a_resume(tmp_path):
+    """A kept Pong run resumed at 14.0M frames (mean of 20: 11.5) counted 19.45 on its first 16
+    restarted games: the stop at +18 must wait until the 64 restarted games could all have ended.
+    Before a resume, and in a run that never stopped, the first row at the target counts."""
+    sys.path.insert(0, ROOT)
+    from bench import pong_impala
+    with open(os.path.join(ROOT, "bench/results/2core-amd-epyc/pong_runs/resnet_lstm_lr25_seed1/metrics.csv")) as f:
+        kept = [r for r in csv.DictReader(f) if int(r["frames"]) <= 14422016]  # to the stop it made
+    os.makedirs(tmp_path / "kept")
+    with open(tmp_path / "kept" / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, list(kept[0]))
+        w.writeheader()
+        w.writerows(kept)
+    assert pong_impala.threshold_row(str(tmp_path / "kept"), 18, 64) is None
+    assert pong_impala.threshold_row(str(tmp_path / "kept"), 18, 0)["frames"] == "14417920"  # the stop it made
+    rows = [(10.0, 5, -20.0), (20.0, 40, 18.5), (5.0, 40, 18.5), (15.0, 60, 19.0), (25.0, 110, 18.8)]
+    with open(tmp_path / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time_s", "frames", "episodes", "mean_return_20"])
+        w.writerows([(t, i, e, m) for i, (t, e, m) in enumerate(rows)])
+    assert pong_impala.threshold_row(str(tmp_path), 18, 64)["frames"] == "1"
+    assert pong_impala.threshold_row(str(tmp_path), 19.5, 64) is None
+    assert pong_impala.threshold_row(str(tmp_path), 18.6, 64)["frames"] == "4"  # 19.0 at 60 < 40 + 64 games is not
+
+
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_pong_impala_keeps_its_run_dir_and_a_stopped_run_goes_on_from_it(tmp_path):

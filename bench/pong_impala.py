@@ -96,11 +96,10 @@ def threshold_row(logdir, target, games_in_flight):
     A resumed run (its time_s starts again) starts every env's game at once and the short, one-sided
     games end first, so until each of the `games_in_flight` restarted games could have ended the
     last 20 are not a fair sample: a Pong run resumed at 11.5 showed 19.45 on its first 16 games."""
-    rows, counted_from, last_t = common.read_csv(os.path.join(logdir, "metrics.csv")), 0, float("inf")
-    for r in rows:
-        if float(r["time_s"]) < last_t:  # the first row of a (re)start
-            counted_from = int(r["episodes"]) + games_in_flight if last_t != float("inf") else 0
-        last_t = float(r["time_s"])
+    rows, counted_from = common.read_csv(os.path.join(logdir, "metrics.csv")), 0
+    for prev, r in zip([None] + rows, rows):
+        if prev is not None and float(r["time_s"]) < float(prev["time_s"]):  # the first row after a resume
+            counted_from = int(r["episodes"]) + games_in_flight
         if int(r["episodes"]) >= counted_from and float(r["mean_return_20"]) >= target:
             return r
     return None

@@ -161,6 +161,8 @@ def print_telemetry(logdir):
         for w in snap["workers"]:
             shares = " ".join(f"{name} {100 * w[k]:.0f}%" for name, k in zip(w["shares"].split(","),
                                                                             ("share_a", "share_b", "share_c")))
+            if w["share_a"] != w["share_a"]:
+                shares = "sent nothing in the last period"
             extra = f" queue {100 * w['queue_fill']:.0f}%" if w.get("queue_fill") is not None else ""
             print(f"  {w['worker']:<11} {w['host'][:16]:<16} {w['cpu_percent']:>6.0f} {w['rss_mb']:>7.0f} "
                   f"{w['rate']:>10,.0f} {w['rate_unit']:<9} {shares}{extra}")

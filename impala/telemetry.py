@@ -102,7 +102,8 @@ class ActorFigures:
         self.time += timing
 
     def row(self, worker, dt, frames_per_unroll):
-        shares = self.time / max(self.time.sum(), 1e-9)
+        # No unroll in the period (the short tail at a stop can have none): its shares are unknown, not 0.
+        shares = self.time / self.time.sum() if self.time.sum() > 0 else np.full(3, np.nan)
         row = {"worker": worker, "host": self.host, "cpu_percent": self.cpu, "rss_mb": self.rss,
                "rate": self.unrolls * frames_per_unroll / dt, "rate_unit": "frames/s", "shares": "env,inference,transfer",
                "share_a": shares[0], "share_b": shares[1], "share_c": shares[2]}

@@ -113,3 +113,32 @@ def test_the_standalone_player_carries_the_state_across_a_lost_life():
         _check_one_game(*_firsts_and_lives(one_game))
     finally:
         env.close()
+
+
+def test_lstm_state_tool_measures_a_cell_that_counts_steps(tmp_path):
+    """bench/lstm_state.py on a checkpoint whose LSTM adds 1 to every cell each step (input, forget
+    and candidate gates saturated open, whatever the input): |cell| is the step number in every unit."""
+    import json
+    import subprocess
+    import sys
+    agent, _, _ = agent_lib.build_agent("CartPole-v1", "MLPLSTMAgent", 20)
+    for v in agent.variables:
+        if "/lstm/w_" in v.name:
+            v.assign(tf.zeros_like(v))
+        elif "/lstm/b" in v.name:  # Sonnet's gate order: input, forget, candidate, output
+            h = v.shape[0] // 4
+            v.assign(tf.constant([20.0] * (3 * h) + [0.0] * h))
+    tf.train.CheckpointManager(tf.train.Checkpoint(agent=agent), str(tmp_path / "checkpoints"), 1).save()
+    (tmp_path / "options.json").write_text(json.dumps({"level_name": "CartPole-v1", "agent_name": "MLPLSTMAgent"}))
+    out = tmp_path / "state.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path), "--games", "2",
+                    "--steps", "1", "4", "8", "--out", str(out)], cwd=ROOT, check=True, timeout=120)
+    games = json.loads(out.read_text())
+    assert len(games) == 2 and all(g["length"] >= 8 and g["points"] == "" for g in games), games
+    for g in games:
+        for step, f in g["steps"].items():
+            assert abs(f["median"] - int(step)) < 1e-3 and abs(f["max"] - int(step)) < 1e-3, (step, f)
+            assert f["saturated"] == (256 if int(step) > 3 else 0) and f["over_100"] == 0 and f["units"] == 256
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path / "nothing")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "does not exist" in bad.stderr

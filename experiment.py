@@ -421,6 +421,20 @@ def _saved_type_error(name, value):
     return None
 
 
+def apply_run_options(src):
+    """The flags of the run at `src` (a run folder or checkpoint), from its options.json, under the
+    command line's: what --mode=test, export and train_w_load rebuild the checkpoint's agent with."""
+    saved, folder = load_saved_options(src)
+    where = os.path.join(folder, "options.json")
+    apply_saved_options(saved, where)
+    if os.path.exists(where):
+        lacking = [n for n in ("level_name", "agent_name") if n not in saved and not FLAGS[n].present]
+        if lacking:
+            raise UsageError('%s has no "%s": the checkpoint cannot be rebuilt without it; add it '
+                             '(e.g. "level_name": "CartPole-v1") or pass --%s'
+                             % (where, '", "'.join(lacking), lacking[0]))
+
+
 def apply_saved_options(saved, where="the run's options.json"):
     """Precedence: command line > options saved with the checkpoint > defaults. A value edited by
     hand out of its flag's range, of the wrong JSON type, or a file that is not a JSON object, is
@@ -760,15 +774,7 @@ def main(argv):
             src = FLAGS.load_model_url or FLAGS.logdir
             if not os.path.exists(src) and not os.path.exists(src + ".index"):
                 raise UsageError("--load_model_url=%s does not exist" % src)
-            saved, folder = load_saved_options(src)
-            where = os.path.join(folder, "options.json")
-            apply_saved_options(saved, where)
-            if os.path.exists(where):
-                lacking = [n for n in ("level_name", "agent_name") if n not in saved and not FLAGS[n].present]
-                if lacking:
-                    raise UsageError('%s has no "%s": the checkpoint cannot be rebuilt without it; add it '
-                                     '(e.g. "level_name": "CartPole-v1") or pass --%s'
-                                     % (where, '", "'.join(lacking), lacking[0]))
+            apply_run_options(src)
         set_onednn()
         validate_run()
         reward_clipping_line = resolve_reward_clipping()

@@ -32,35 +32,55 @@ def cell_figures(cell):
             "over_100": int((a > COUNTING).sum()), "units": int(a.size)}
 
 
-def play(policy, initial_state, env, games, steps):
-    """Plays `games` whole games; each game's return, length, points and cell_figures at `steps`."""
-    import tensorflow as tf
-    out, state, first, t, points, marks = [], initial_state, True, 0, [], {}
-    while len(out) < games:
-        action, state = policy(tf.constant(env.obs), tf.constant([first]), state)
-        t += 1
-        if t in steps:
-            marks[t] = cell_figures(state.cell.numpy()[0])
-        result = env.step(action.numpy()[0])
-        first = bool(result.new_episode[0])
-        if result.reward[0] != 0 and env.is_atari:
-            points.append("+" if result.reward[0] > 0 else "-")
-        if result.episode_end[0]:
-            out.append({"return": float(result.episode_return[0]), "length": int(result.episode_length[0]),
-                        "points": "".join(points), "steps": marks})
-            t, points, marks = 0, [], {}
+class _Watched:
+    """The EvalEnv, keeping the points of the game under way (+ won, - lost) as it steps."""
+
+    def __init__(self, env):
+        self.env, self.points = env, []
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        result = self.env.step(action)
+        if result.reward[0] != 0 and self.env.is_atari:
+            self.points.append("+" if result.reward[0] > 0 else "-")
+        return result
+
+
+def play(agent, env, games, steps, stall_frames):
+    """Plays `games` whole games as --mode=test does (evaluator.play_episodes, with the run's
+    --eval_stall_frames); each game's return, length, points and cell_figures at `steps`."""
+    from impala import evaluator
+    policy, watched, out, game = evaluator.make_policy(agent, "sample"), _Watched(env), [], {"t": 0, "marks": {}}
+
+    def measured(obs, first, state):
+        action, state = policy(obs, first, state)
+        game["t"] += 1
+        if game["t"] in steps:
+            game["marks"][game["t"]] = cell_figures(state.cell.numpy()[0])
+        return action, state
+
+    def on_episode(returns, lengths):
+        out.append({"return": returns[-1], "length": lengths[-1], "points": "".join(watched.points),
+                    "steps": game["marks"]})
+        watched.points, game["t"], game["marks"] = [], 0, {}
+    evaluator.play_episodes(measured, agent, watched, games, on_episode=on_episode, stall_frames=stall_frames)
     return out
 
 
 def restored(run):
-    """(agent, EvalEnv) of a run folder or checkpoint, with the flags its options.json saved."""
+    """(agent, EvalEnv, --eval_stall_frames) of a run folder or checkpoint, with the flags its
+    options.json saved."""
     import experiment
     from impala import agent as agent_lib
     from impala import evaluator
     from impala import learner as learner_lib
     experiment.FLAGS(["lstm_state.py", "--mode=test", "--load_model_url=" + run])
-    saved, folder = experiment.load_saved_options(run)
-    experiment.apply_saved_options(saved, os.path.join(folder, "options.json"))
+    try:
+        experiment.apply_run_options(run)
+    except experiment.UsageError as e:
+        raise SystemExit("lstm_state.py: %s" % e)
     flags = experiment.FLAGS
     agent, _, _ = learner_lib.restored_agent(flags, run)
     if not hasattr(agent.initial_state(1), "cell"):
@@ -68,7 +88,7 @@ def restored(run):
                          "(ResNetLSTMAgent, MLPLSTMAgent, ...)" % (run, flags.agent_name))
     env = evaluator.EvalEnv(flags.level_name, flags.env_backend, flags.seed + evaluator.TEST_SEED_OFFSET,
                             agent_lib.frame_size_of(flags))
-    return agent, env
+    return agent, env, flags.eval_stall_frames
 
 
 def table(games):
@@ -94,10 +114,9 @@ def main(argv=None):
         raise SystemExit("lstm_state.py: %s does not exist (a run folder or a checkpoint prefix)" % a.run)
     if a.games < 1 or min(a.steps) < 1:
         raise SystemExit("lstm_state.py: --games and --steps take whole numbers from 1")
-    from impala import evaluator
-    agent, env = restored(a.run)
+    agent, env, stall_frames = restored(a.run)
     try:
-        games = play(evaluator.make_policy(agent, "sample"), agent.initial_state(1), env, a.games, set(a.steps))
+        games = play(agent, env, a.games, set(a.steps), stall_frames)
     finally:
         env.close()
     print("\n".join(table(games)))

@@ -96,6 +96,13 @@ flags.DEFINE_string("agent_name", "SimpleConvNetAgent", "SimpleConvNetAgent (IMP
 flags.DEFINE_list("mlp_hidden", ["64", "64"], "Widths of the MLP agents' hidden layers (each of the policy's and "
                   "the baseline's torsos); configs/mujoco.flags uses 256,256.")
 flags.DEFINE_enum("mlp_activation", "tanh", ["tanh", "relu"], "Nonlinearity of the MLP agents' hidden layers.")
+flags.DEFINE_float("lstm_forget_bias", 1.0, "Recurrent agents (ResNetLSTMAgent, MLPLSTMAgent): where the LSTM's "
+                   "forget-gate bias starts (it is trained from there), so a new cell keeps sigmoid(b) of itself "
+                   "per step: 1 (Sonnet's default, 73 %) or 0 (CleanRL's LSTM PPO, 50 %). Its effect on Pong: "
+                   "bench/results/2core-amd-epyc/pong_resnet_lstm.md.")
+flags.register_validator("lstm_forget_bias", lambda b: -10.0 <= b <= 10.0,
+                         "--lstm_forget_bias: give a number from -10 to 10 (past that the gate's sigmoid is flat "
+                         "at 0 or 1), e.g. 1 or 0")
 flags.DEFINE_float("initial_log_std", 0.0, "Continuous actions: where the Gaussian head's log standard deviation "
                    "(one trainable value per action dimension) starts, from --min_log_std to 2; -2 is "
                    "rl-baselines3-zoo's for MuJoCo.")
@@ -280,7 +287,7 @@ strict_number_flags(FLAGS)  # absl's int() and float() would read --batch_size=ï
 # flag that changes what the policy sees among them (--env_backend: the two backends reset and stack
 # frames differently, envs/batch.py). A flag an older options.json lacks keeps its default.
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "env_backend", "agent_name",
-             "mlp_hidden", "mlp_activation", "initial_log_std", "min_log_std", "envs_per_actor",
+             "mlp_hidden", "mlp_activation", "lstm_forget_bias", "initial_log_std", "min_log_std", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "action_bound_cost", "discounting", "reward_clipping",
              "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",

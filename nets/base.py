@@ -310,9 +310,9 @@ class ResetLSTM(snt.RNNCore):
     can carry `first` along the time axis.
     """
 
-    def __init__(self, hidden_size, name="reset_lstm"):
+    def __init__(self, hidden_size, forget_bias=1.0, name="reset_lstm"):
         super().__init__(name=name)
-        self._lstm = snt.LSTM(hidden_size, name="lstm")
+        self._lstm = snt.LSTM(hidden_size, forget_bias=forget_bias, name="lstm")
 
     def initial_state(self, batch_size):
         return self._lstm.initial_state(batch_size)
@@ -326,12 +326,13 @@ class ResetLSTM(snt.RNNCore):
 
 
 class LSTMAgent(AgentBase):
-    """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell)."""
+    """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell).
+    `forget_bias` is added to the forget gate before its sigmoid (--lstm_forget_bias)."""
 
-    def __init__(self, make_torso, actions, name, hidden_size=256):
+    def __init__(self, make_torso, actions, name, hidden_size=256, forget_bias=1.0):
         super().__init__(name=name)
         self._torso = make_torso()
-        self._core = ResetLSTM(hidden_size)
+        self._core = ResetLSTM(hidden_size, forget_bias)
         self._heads = PolicyValueHeads(actions)
 
     def initial_state(self, batch_size):

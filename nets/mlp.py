@@ -28,5 +28,6 @@ class MLPAgent(FeedForwardAgent):
 
 class MLPLSTMAgent(LSTMAgent):
 
-    def __init__(self, actions, name="mlp_lstm_agent", hidden=HIDDEN_SIZES, activation="tanh"):
-        super().__init__(torso_maker(hidden, activation), actions, name=name, hidden_size=256)
+    def __init__(self, actions, name="mlp_lstm_agent", hidden=HIDDEN_SIZES, activation="tanh", forget_bias=1.0):
+        super().__init__(torso_maker(hidden, activation), actions, name=name, hidden_size=256,
+                         forget_bias=forget_bias)

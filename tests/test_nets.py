@@ -327,3 +327,33 @@ def test_a_bad_command_line_is_answered_without_loading_tensorflow():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+@pytest.mark.parametrize("bias", [1.0, 0.0, -2.0])
+def test_the_lstm_forget_bias_sets_how_much_of_a_cell_one_step_keeps(name, bias):
+    """With the LSTM's weights at zero its gates are sigmoids of their biases alone (the forget
+    gate's starts at the forget bias, the others at 0) and the candidate is tanh(0): a cell of 1
+    keeps exactly sigmoid(bias) of itself after one step."""
+    agent = nets.make_agent(name, NUM_ACTIONS, lstm_forget_bias=bias)
+    state = agent.initial_state(2)
+    agent(tf.constant(observations(name, (2,))), tf.constant([True, True]), state)
+    weights = [v for v in agent.trainable_variables if "reset_lstm/lstm/w" in v.name]
+    assert len(weights) == 2
+    for v in weights:
+        v.assign(tf.zeros_like(v))
+    ones = tf.nest.map_structure(tf.ones_like, state)
+    _, new = agent(tf.constant(observations(name, (2,))), tf.constant([False, False]), ones)
+    np.testing.assert_allclose(new.cell.numpy(), 1 / (1 + np.exp(-bias)), rtol=1e-6)
+
+
+def test_a_run_builds_its_recurrent_net_with_the_forget_bias_its_flags_name():
+    import experiment
+    from impala import agent as agent_lib
+
+    class Flags:
+        lstm_forget_bias = -1.5
+    agent, _, _ = agent_lib.build_agent("CartPole-v1", "MLPLSTMAgent", 8, net=agent_lib.net_options(Flags))
+    b = [v for v in agent.trainable_variables if "reset_lstm/lstm/b" in v.name][0].numpy()
+    np.testing.assert_array_equal(np.split(b, 4), [[0] * 256, [-1.5] * 256, [0] * 256, [0] * 256])
+    assert "lstm_forget_bias" in experiment.RUN_FLAGS  # test mode and train_w_load build the same net

@@ -457,13 +457,19 @@ def check_normalisers(agent, prefix):
 def restored_agent(flags, source):
     """(agent, env spec, checkpoint prefix): the agent the run's flags build, the newest readable
     checkpoint of `source` in it, as --mode=test plays it and --mode=export saves it."""
+    agent, spec = untrained_agent(flags)
+    prefix = restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
+    return agent, spec, prefix
+
+
+def untrained_agent(flags):
+    """(agent, env spec): the agent the run's flags build, with the weights it starts training from."""
     agent, _, spec = agent_lib.build_agent(flags.level_name, flags.agent_name, flags.unroll_length,
                                            agent_lib.frame_size_of(flags),
                                            normalize_observations=flags.normalize_observations,
                                            normalize_returns=flags.normalize_returns,
                                            net=agent_lib.net_options(flags))
-    prefix = restore_newest_readable(tf.train.Checkpoint(agent=agent), source, full=False)
-    return agent, spec, prefix
+    return agent, spec
 
 
 def restore_newest_readable(ckpt, path, full):

@@ -324,6 +324,12 @@ class ResetLSTM(snt.RNNCore):
             lambda init, prev: tf.where(first[:, None], init, prev), initial, prev_state)
         return self._lstm(features, state)
 
+    def gate_inputs(self, features, first, prev_state):
+        """The gates' pre-activations [B, 4 * hidden] at one step, in Sonnet's order (input, forget,
+        candidate, output), as snt.LSTM computes them from its variables _w_i, _w_h and b."""
+        hidden = tf.where(first[:, None], tf.zeros_like(prev_state.hidden), prev_state.hidden)
+        return tf.matmul(features, self._lstm._w_i) + tf.matmul(hidden, self._lstm._w_h) + self._lstm.b
+
 
 class LSTMAgent(AgentBase):
     """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell).
@@ -350,6 +356,13 @@ class LSTMAgent(AgentBase):
         core_outputs, core_state = snt.dynamic_unroll(
             self._core, (features, tf.cast(first, tf.bool)), core_state)
         return self._in_return_units(batch_time(self._heads, core_outputs)), core_state
+
+    def gate_inputs(self, obs, first, core_state):
+        """(the LSTM's gate pre-activations [B, 4 * hidden], the torso's features [B, F]) at one step
+        of `obs` [B, ...]: a gate input far past |5| is a switch that passes no gradient
+        (bench/lstm_state.py reports how many are)."""
+        features = self._torso_features(obs[None])[0]
+        return self._core.gate_inputs(features, tf.cast(first, tf.bool), core_state), features
 
     def core_states(self, obs, first, core_state):
         """The core state carried out of each of the steps of `obs` [T, B, ...] (before a reset

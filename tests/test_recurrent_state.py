@@ -117,7 +117,8 @@ def test_the_standalone_player_carries_the_state_across_a_lost_life():
 
 def test_lstm_state_tool_measures_a_cell_that_counts_steps(tmp_path):
     """bench/lstm_state.py on a checkpoint whose LSTM adds 1 to every cell each step (input, forget
-    and candidate gates saturated open, whatever the input): |cell| is the step number in every unit."""
+    and candidate gates saturated open, whatever the input): |cell| is the step number in every unit,
+    and three of the four gates' inputs (those at 20, not the output gate's at 0) are past |5|."""
     import json
     import subprocess
     import sys
@@ -139,6 +140,11 @@ def test_lstm_state_tool_measures_a_cell_that_counts_steps(tmp_path):
         for step, f in g["steps"].items():
             assert abs(f["median"] - int(step)) < 1e-3 and abs(f["max"] - int(step)) < 1e-3, (step, f)
             assert f["saturated"] == (256 if int(step) > 3 else 0) and f["over_100"] == 0 and f["units"] == 256
+            assert f["gates_past_5"] == 0.75 and f["feature_norm"] > 0  # input, forget, candidate at 20; output at 0
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path), "--untrained",
+                    "--games", "1", "--steps", "8", "--out", str(out)], cwd=ROOT, check=True, timeout=120)
+    fresh = json.loads(out.read_text())[0]["steps"]["8"]  # the same flags' net before training: no switches
+    assert fresh["gates_past_5"] < 0.05 and fresh["max"] < 8, fresh
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path / "nothing")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "does not exist" in bad.stderr

@@ -117,6 +117,13 @@ def test_atari_videos_show_the_full_colour_screen_at_15_fps(tmp_path):
     _check(played, tmp_path / "p", (210, 160, 3), 15)
 
 
+def _default_sigint():
+    """Ctrl-C's default action in the child, as a terminal gives it: a suite started in the
+    background (`./test.sh &`) hands its children SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, so the run would play all its episodes and pass the Ctrl-C by."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_leaves_only_whole_videos(tmp_path):
     """Ctrl-C (SIGINT to the process group, ffmpeg's included) in the middle of an episode: the
     episodes finished before it are whole files, the one under way leaves nothing."""
@@ -127,7 +134,7 @@ def test_ctrl_c_leaves_only_whole_videos(tmp_path):
     p = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiment.py"), "--mode=test",
                           "--load_model_url=%s" % run, "--test_num_episodes=50", "--video_dir=%s" % (tmp_path / "v")],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_default_sigint)
     lines = []
     for line in p.stdout:
         lines.append(line)

@@ -103,6 +103,9 @@ flags.DEFINE_float("lstm_forget_bias", 1.0, "Recurrent agents (ResNetLSTMAgent, 
 flags.register_validator("lstm_forget_bias", lambda b: -10.0 <= b <= 10.0,
                          "--lstm_forget_bias: give a number from -10 to 10 (past that the gate's sigmoid is flat "
                          "at 0 or 1), e.g. 1 or 0")
+flags.DEFINE_bool("lstm_input_norm", False, "Recurrent agents: layer-normalise the torso's features before the "
+                  "LSTM reads them, so that features growing in training cannot turn its gates into switches (as "
+                  "they did for ResNetLSTMAgent on Pong: bench/results/2core-amd-epyc/pong_resnet_lstm_gates.md).")
 flags.DEFINE_float("initial_log_std", 0.0, "Continuous actions: where the Gaussian head's log standard deviation "
                    "(one trainable value per action dimension) starts, from --min_log_std to 2; -2 is "
                    "rl-baselines3-zoo's for MuJoCo.")
@@ -287,7 +290,7 @@ strict_number_flags(FLAGS)  # absl's int() and float() would read --batch_size=ï
 # flag that changes what the policy sees among them (--env_backend: the two backends reset and stack
 # frames differently, envs/batch.py). A flag an older options.json lacks keeps its default.
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "env_backend", "agent_name",
-             "mlp_hidden", "mlp_activation", "lstm_forget_bias", "initial_log_std", "min_log_std", "envs_per_actor",
+             "mlp_hidden", "mlp_activation", "lstm_forget_bias", "lstm_input_norm", "initial_log_std", "min_log_std", "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "action_bound_cost", "discounting", "reward_clipping",
              "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",

@@ -12,7 +12,7 @@ Per game: its return, its length and, on Atari, its points in order (+ won, - lo
 --steps: the median and the largest |cell| over the units, how many units have |cell| > 3 (tanh
 within 0.5 % of +-1) and how many > 100; the share of the gates' inputs (pre-activations) past |5|,
 where sigmoid and tanh are within 1 % of their ends and pass almost no gradient; and the length
-(L2 norm) of the torso's features that feed the LSTM.
+(L2 norm) of the features the LSTM reads (the torso's, layer-normalised with --lstm_input_norm).
 """
 import argparse
 import json

@@ -333,11 +333,15 @@ class ResetLSTM(snt.RNNCore):
 
 class LSTMAgent(AgentBase):
     """torso -> LSTM (reset on `first`) -> heads. Core state: snt.LSTMState(hidden, cell).
-    `forget_bias` is added to the forget gate before its sigmoid (--lstm_forget_bias)."""
+    `forget_bias` is added to the forget gate before its sigmoid (--lstm_forget_bias); `input_norm`
+    layer-normalises the torso's features before the LSTM reads them (--lstm_input_norm), so their
+    growth in training cannot push its gates' inputs to where sigmoid and tanh are flat."""
 
-    def __init__(self, make_torso, actions, name, hidden_size=256, forget_bias=1.0):
+    def __init__(self, make_torso, actions, name, hidden_size=256, forget_bias=1.0, input_norm=False):
         super().__init__(name=name)
         self._torso = make_torso()
+        self._input_norm = snt.LayerNorm(-1, create_scale=True, create_offset=True,
+                                         name="lstm_input_norm") if input_norm else None
         self._core = ResetLSTM(hidden_size, forget_bias)
         self._heads = PolicyValueHeads(actions)
 
@@ -346,7 +350,7 @@ class LSTMAgent(AgentBase):
 
     def __call__(self, obs, first, core_state):
         x, scale = self._preprocess(obs)
-        features = run_torso(self._torso, x, self.compute_dtype, scale)
+        features = self._lstm_input(run_torso(self._torso, x, self.compute_dtype, scale))
         core_output, core_state = self._core((features, tf.cast(first, tf.bool)), core_state)
         return self._in_return_units(self._heads(core_output)), core_state
 
@@ -358,7 +362,7 @@ class LSTMAgent(AgentBase):
         return self._in_return_units(batch_time(self._heads, core_outputs)), core_state
 
     def gate_inputs(self, obs, first, core_state):
-        """(the LSTM's gate pre-activations [B, 4 * hidden], the torso's features [B, F]) at one step
+        """(the LSTM's gate pre-activations [B, 4 * hidden], the features it reads [B, F]) at one step
         of `obs` [B, ...]: a gate input far past |5| is a switch that passes no gradient
         (bench/lstm_state.py reports how many are)."""
         features = self._torso_features(obs[None])[0]
@@ -377,6 +381,10 @@ class LSTMAgent(AgentBase):
         return states
 
     def _torso_features(self, obs):
-        """The torso's features of all T*B frames of `obs` [T, B, ...] at once: [T, B, F]."""
+        """What the LSTM reads of all T*B frames of `obs` [T, B, ...] at once: the torso's features,
+        layer-normalised with input_norm, [T, B, F]."""
         x, scale = self._preprocess(obs)
-        return batch_time(lambda x: run_torso(self._torso, x, self.compute_dtype, scale), x)
+        return batch_time(lambda x: self._lstm_input(run_torso(self._torso, x, self.compute_dtype, scale)), x)
+
+    def _lstm_input(self, features):
+        return features if self._input_norm is None else self._input_norm(features)

@@ -28,6 +28,7 @@ class MLPAgent(FeedForwardAgent):
 
 class MLPLSTMAgent(LSTMAgent):
 
-    def __init__(self, actions, name="mlp_lstm_agent", hidden=HIDDEN_SIZES, activation="tanh", forget_bias=1.0):
+    def __init__(self, actions, name="mlp_lstm_agent", hidden=HIDDEN_SIZES, activation="tanh", forget_bias=1.0,
+                 input_norm=False):
         super().__init__(torso_maker(hidden, activation), actions, name=name, hidden_size=256,
-                         forget_bias=forget_bias)
+                         forget_bias=forget_bias, input_norm=input_norm)

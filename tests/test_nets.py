@@ -356,4 +356,29 @@ def test_a_run_builds_its_recurrent_net_with_the_forget_bias_its_flags_name():
     agent, _, _ = agent_lib.build_agent("CartPole-v1", "MLPLSTMAgent", 8, net=agent_lib.net_options(Flags))
     b = [v for v in agent.trainable_variables if "reset_lstm/lstm/b" in v.name][0].numpy()
     np.testing.assert_array_equal(np.split(b, 4), [[0] * 256, [-1.5] * 256, [0] * 256, [0] * 256])
-    assert "lstm_forget_bias" in experiment.RUN_FLAGS  # test mode and train_w_load build the same net
+    assert {"lstm_forget_bias", "lstm_input_norm"} <= set(experiment.RUN_FLAGS)  # test mode, train_w_load: the same net
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_an_lstm_input_norm_keeps_the_gates_where_the_torso_features_grow(name):
+    """--lstm_input_norm: the LSTM reads the torso's features standardised (mean 0, variance 1 per
+    step), so scaling the deep torso's last layer by 1000 (ReLU after it: the features grow, their
+    shape stays) leaves the gates' inputs as they were; without it they grow with it. The MLP
+    torso's tanh changes shape under that scaling, so there only the standardising is checked."""
+    obs, first = tf.constant(observations(name, (3,))), tf.constant([True, False, False])
+    for norm in (True, False):
+        agent = nets.make_agent(name, NUM_ACTIONS, lstm_input_norm=norm)
+        state = random_state(agent, 3)
+        agent(obs, first, state)
+        assert any("lstm_input_norm" in v.name for v in agent.trainable_variables) == norm
+        gates, read = agent.gate_inputs(obs, first, state)
+        if norm:
+            np.testing.assert_allclose(tf.reduce_mean(read, -1), 0, atol=1e-4)
+            np.testing.assert_allclose(tf.math.reduce_variance(read, -1), 1, rtol=1e-2)
+        if name == "MLPLSTMAgent":
+            continue
+        last = [v for v in agent.trainable_variables if v.name.endswith("resnet_torso/linear/w:0")][0]
+        last.assign(last * 1000.0)
+        grown, _ = agent.gate_inputs(obs, first, state)
+        same = np.allclose(grown, gates, rtol=1e-3, atol=1e-3)
+        assert same == norm, (name, norm)

@@ -290,7 +290,8 @@ strict_number_flags(FLAGS)  # absl's int() and float() would read --batch_size=ï
 # flag that changes what the policy sees among them (--env_backend: the two backends reset and stack
 # frames differently, envs/batch.py). A flag an older options.json lacks keeps its default.
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "env_backend", "agent_name",
-             "mlp_hidden", "mlp_activation", "lstm_forget_bias", "lstm_input_norm", "initial_log_std", "min_log_std", "envs_per_actor",
+             "mlp_hidden", "mlp_activation", "lstm_forget_bias", "lstm_input_norm", "initial_log_std", "min_log_std",
+             "envs_per_actor",
              "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "action_bound_cost", "discounting", "reward_clipping",
              "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",

@@ -30,7 +30,7 @@ SATURATED, COUNTING, SWITCH = 3.0, 100.0, 5.0
 
 def cell_figures(cell, gates, features):
     """|cell| of one env's state [units]: median, max, units saturated (> 3) and counting (> 100); the
-    share of its gate inputs [4 * units] past |5|; the length of its torso features."""
+    share of its gate inputs [4 * units] past |5|; the length of the features its LSTM reads."""
     a = np.abs(np.asarray(cell, np.float64))
     return {"median": float(np.median(a)), "max": float(a.max()), "saturated": int((a > SATURATED).sum()),
             "over_100": int((a > COUNTING).sum()), "units": int(a.size),

@@ -319,16 +319,17 @@ class ResetLSTM(snt.RNNCore):
 
     def __call__(self, inputs, prev_state):
         features, first = inputs
-        initial = self._lstm.initial_state(tf.shape(first)[0])
-        state = tf.nest.map_structure(
-            lambda init, prev: tf.where(first[:, None], init, prev), initial, prev_state)
-        return self._lstm(features, state)
+        return self._lstm(features, self._reset(first, prev_state))
 
     def gate_inputs(self, features, first, prev_state):
         """The gates' pre-activations [B, 4 * hidden] at one step, in Sonnet's order (input, forget,
         candidate, output), as snt.LSTM computes them from its variables _w_i, _w_h and b."""
-        hidden = tf.where(first[:, None], tf.zeros_like(prev_state.hidden), prev_state.hidden)
+        hidden = self._reset(first, prev_state).hidden
         return tf.matmul(features, self._lstm._w_i) + tf.matmul(hidden, self._lstm._w_h) + self._lstm.b
+
+    def _reset(self, first, prev_state):
+        initial = self._lstm.initial_state(tf.shape(first)[0])
+        return tf.nest.map_structure(lambda init, prev: tf.where(first[:, None], init, prev), initial, prev_state)
 
 
 class LSTMAgent(AgentBase):

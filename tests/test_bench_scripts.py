@@ -25,7 +25,8 @@ def test_pong_impala_runs_the_net_and_rate_its_recipe_names():
     defaults (SimpleConvNetAgent at 6e-4), as experiment.py parses the run's flags; a flag given
     by --extra after it still wins."""
     cases = [[], ["--extra=--flagfile=configs/pong.flags"], ["--extra=--flagfile=configs/pong_resnet.flags"],
-             ["--extra=--flagfile=configs/pong_resnet.flags", "--extra=--agent_name=ResNetLSTMAgent"]]
+             ["--extra=--flagfile=configs/pong_resnet.flags", "--extra=--agent_name=ResNetLSTMAgent"],
+             ["--extra=--flagfile=configs/pong_resnet_lstm.flags"]]
     code = ("import json, sys\n"
             "from bench import pong_impala\n"
             "import experiment\n"
@@ -43,6 +44,7 @@ def test_pong_impala_runs_the_net_and_rate_its_recipe_names():
     assert got == [["SimpleConvNetAgent", "0.0006", "SimpleConvNetAgent"],
                    ["SimpleConvNetAgent", "0.0005", "SimpleConvNetAgent"],
                    ["ResNetAgent", "0.00025", "ResNetAgent"],
+                   ["ResNetLSTMAgent", "0.00025", "ResNetLSTMAgent"],
                    ["ResNetLSTMAgent", "0.00025", "ResNetLSTMAgent"]], r.stdout
 
 

@@ -173,6 +173,9 @@ def test_number_flags_take_ascii_digits_only():
     # pong_resnet.flags is the Pong recipe with the deep net at half the learning rate.
     ("pong_resnet", "level_name width agent_name learning_rate num_sgd_iter clip_ratio_to normalize_returns",
      "PongNoFrameskip-v4 42 ResNetAgent 0.00025 4 batch_start True"),
+    # pong_resnet_lstm.flags is that recipe with the recurrent net reading layer-normalised features.
+    ("pong_resnet_lstm", "level_name agent_name learning_rate lstm_input_norm lstm_forget_bias",
+     "PongNoFrameskip-v4 ResNetLSTMAgent 0.00025 True 1.0"),
     ("atari", "width queue_capacity batch_size actor_send_ahead vtrace_targets learning_rate_decay",
      "84 32 32 False batch_start linear"),
     # hopper.flags includes mujoco.flags (by a path from the repository root) and changes part of it.

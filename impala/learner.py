@@ -432,26 +432,29 @@ class CheckpointMismatch(Exception):
     search for a readable checkpoint must not skip it as unreadable and try an older one."""
 
 
-# agent attribute -> the flag that builds it (nets.normalisers)
-NORMALISER_FLAGS = {"obs_normaliser": "normalize_observations", "return_normaliser": "normalize_returns"}
+# agent attribute -> the flag that builds it: the normalisers' statistics (nets.normalisers) and the
+# layer norm before a recurrent agent's LSTM (nets/base.py, LSTMAgent)
+OPTIONAL_PARTS = {"obs_normaliser": "normalize_observations", "return_normaliser": "normalize_returns",
+                  "_input_norm": "lstm_input_norm"}
 
 
-def check_normalisers(agent, prefix):
-    """Raises CheckpointMismatch, naming the checkpoint and the flag, when it holds a normaliser's
-    statistics that the agent has no normaliser for, or lacks those of one the agent has: a partial
-    restore (test mode's expect_partial) would drop them, or leave the initial ones, silently, and
-    the policy would see observations standardised unlike in training (or not at all)."""
+def check_optional_parts(agent, prefix):
+    """Raises CheckpointMismatch, naming the checkpoint and the flag, when it holds one of the
+    agent's optional parts (OPTIONAL_PARTS) that the agent was built without, or lacks one the agent
+    has: a partial restore (test mode's expect_partial) would drop it, or leave the part's initial
+    values, silently, and the policy would see observations standardised unlike in training (or not
+    at all), or its LSTM read features normalised unlike in training."""
     saved = {name.split("/")[1] for name, _ in tf.train.list_variables(prefix)
-             if name.startswith("agent/") and name.split("/")[2:3] == ["mean"]}
-    for attr, flag in NORMALISER_FLAGS.items():
-        built = getattr(agent, attr) is not None
+             if name.startswith("agent/") and name.count("/") >= 2}
+    for attr, flag in OPTIONAL_PARTS.items():
+        built = getattr(agent, attr, None) is not None
         if attr in saved and not built:
-            raise CheckpointMismatch("checkpoint %s holds the statistics of agent/%s, but the agent was built "
-                                     "without them (the run's options.json is missing or does not say --%s): "
-                                     "pass --%s" % (prefix, attr, flag, flag))
+            raise CheckpointMismatch("checkpoint %s holds agent/%s, but the agent was built without it (the "
+                                     "run's options.json is missing or does not say --%s): pass --%s"
+                                     % (prefix, attr, flag, flag))
         if built and attr not in saved:
-            raise CheckpointMismatch("checkpoint %s has no agent/%s statistics (it was trained without --%s), but "
-                                     "the agent was built with them: pass --no%s" % (prefix, attr, flag, flag))
+            raise CheckpointMismatch("checkpoint %s has no agent/%s (it was trained without --%s), but the agent "
+                                     "was built with it: pass --no%s" % (prefix, attr, flag, flag))
 
 
 def restored_agent(flags, source):
@@ -475,13 +478,13 @@ def untrained_agent(flags):
 def restore_newest_readable(ckpt, path, full):
     """Restores the newest checkpoint that reads; a corrupt newest one is skipped
     with a warning. `full` requires every saved object to match (training);
-    otherwise only the agent is needed (testing). Either way the normalisers must
-    match (check_normalisers)."""
+    otherwise only the agent is needed (testing). Either way the agent's optional
+    parts, the normalisers and the LSTM's layer norm, must match (check_optional_parts)."""
     candidates = checkpoint_candidates(path)
     last = None
     for prefix in candidates:
         try:
-            check_normalisers(ckpt.agent, prefix)  # reads the index only: an unreadable one raises OpError
+            check_optional_parts(ckpt.agent, prefix)  # reads the index only: an unreadable one raises OpError
             status = ckpt.restore(prefix)
             if full:
                 status.assert_existing_objects_matched()

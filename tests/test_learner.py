@@ -501,6 +501,23 @@ def test_a_restore_never_drops_the_normaliser_statistics(tmp_path, option, flag,
     assert learner.restore_newest_readable(tf.train.Checkpoint(agent=agent(saved)), prefix, full=False) == prefix
 
 
+@pytest.mark.parametrize("saved,built", [(True, False), (False, True)])
+def test_a_restore_never_plays_a_layer_norm_the_checkpoint_did_not_train(tmp_path, saved, built):
+    """--lstm_input_norm adds a layer norm before the LSTM: a test-mode restore (expect_partial) into
+    an agent built with it from a checkpoint trained without it would play the norm's initial scale
+    and offset, and the other way round would drop the trained ones, either a policy unlike the one
+    trained. Refused in one line naming the checkpoint and the flag."""
+    def agent(on):
+        return agent_lib.build_agent("CartPole-v1", "MLPLSTMAgent", 5, net={"lstm_input_norm": on})[0]
+    prefix = tf.train.Checkpoint(agent=agent(saved)).save(str(tmp_path / "ckpt"))
+    for full in (False, True):
+        with pytest.raises(learner.CheckpointMismatch) as e:
+            learner.restore_newest_readable(tf.train.Checkpoint(agent=agent(built)), prefix, full=full)
+        msg = str(e.value)
+        assert prefix in msg and "--%slstm_input_norm" % ("no" if built else "") in msg and "\n" not in msg, msg
+    assert learner.restore_newest_readable(tf.train.Checkpoint(agent=agent(saved)), prefix, full=False) == prefix
+
+
 def feed_half_replayed(lrn, fill, updates=4):
     """Trains `updates` batches of a learner whose replay takes part of each batch, its fresh unrolls
     random observations and whatever fill(fields, rng) writes; returns the fresh unrolls fed."""

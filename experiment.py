@@ -103,11 +103,11 @@ flags.DEFINE_float("lstm_forget_bias", 1.0, "Recurrent agents (ResNetLSTMAgent, 
 flags.register_validator("lstm_forget_bias", lambda b: -10.0 <= b <= 10.0,
                          "--lstm_forget_bias: give a number from -10 to 10 (past that the gate's sigmoid is flat "
                          "at 0 or 1), e.g. 1 or 0")
-flags.DEFINE_bool("lstm_input_norm", False, "Recurrent agents: layer-normalise the torso's features before the "
+flags.DEFINE_bool("lstm_input_norm", True, "Recurrent agents: layer-normalise the torso's features before the "
                   "LSTM reads them, so that features growing in training cannot turn its gates into switches (as "
-                  "they did for ResNetLSTMAgent on Pong without it: bench/results/2core-amd-epyc/"
-                  "pong_resnet_lstm_gates.md). configs/pong_resnet_lstm.flags turns it on; with it that net reached "
-                  "Pong's +18 (bench/results/2core-amd-epyc/pong_resnet_lstm.md).")
+                  "they did for ResNetLSTMAgent on Pong with --nolstm_input_norm: bench/results/2core-amd-epyc/"
+                  "pong_resnet_lstm_gates.md, bench/results/2core-amd-epyc/pong_resnet_lstm.md). A run whose "
+                  "options.json does not name this flag was trained without the norm and is rebuilt without it.")
 flags.DEFINE_float("initial_log_std", 0.0, "Continuous actions: where the Gaussian head's log standard deviation "
                    "(one trainable value per action dimension) starts, from --min_log_std to 2; -2 is "
                    "rl-baselines3-zoo's for MuJoCo.")
@@ -290,11 +290,11 @@ strict_number_flags(FLAGS)  # absl's int() and float() would read --batch_size=ï
 
 # Flags that describe the run (saved to options.json, restored by train_w_load and --mode=test), every
 # flag that changes what the policy sees among them (--env_backend: the two backends reset and stack
-# frames differently, envs/batch.py). A flag an older options.json lacks keeps its default.
+# frames differently, envs/batch.py). A flag an older options.json lacks keeps its default, or what
+# SAVED_BEFORE_THE_FLAG says such a run used.
 RUN_FLAGS = ["env_module", "level_name", "width", "height", "num_action_repeats", "env_backend", "agent_name",
              "mlp_hidden", "mlp_activation", "lstm_forget_bias", "lstm_input_norm", "initial_log_std", "min_log_std",
-             "envs_per_actor",
-             "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
+             "envs_per_actor", "total_environment_frames", "batch_size", "unroll_length", "queue_capacity",
              "entropy_cost", "baseline_cost", "action_bound_cost", "discounting", "reward_clipping",
              "gradients_clipping", "learning_rate", "learning_rate_decay", "decay", "momentum", "epsilon", "seed",
              "replay_parameters",
@@ -406,6 +406,9 @@ def load_saved_options(path):
     return {}, d
 
 
+# Run flags whose default changed after runs were saved without them: what such a run used.
+SAVED_BEFORE_THE_FLAG = {"lstm_input_norm": False}
+
 # Keys save_options writes besides RUN_FLAGS (said, not restored).
 SAVED_EXTRA_KEYS = ("mode", "learner_hosts", "learner_host", "actor_hosts", "argv")
 
@@ -469,6 +472,9 @@ def apply_saved_options(saved, where="the run's options.json"):
     for name in RUN_FLAGS:
         if name in saved and not FLAGS[name].present:
             FLAGS[name].value = saved[name]
+    for name, value in (SAVED_BEFORE_THE_FLAG.items() if saved else ()):
+        if name not in saved and not FLAGS[name].present:
+            FLAGS[name].value = value
     try:
         FLAGS.validate_all_flags()
     except (flags.Error, TypeError, ValueError) as e:

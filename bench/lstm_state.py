@@ -89,7 +89,10 @@ def restored(run, untrained=False):
     except experiment.UsageError as e:
         raise SystemExit("lstm_state.py: %s" % e)
     flags = experiment.FLAGS
-    agent = learner_lib.untrained_agent(flags)[0] if untrained else learner_lib.restored_agent(flags, run)[0]
+    try:
+        agent = learner_lib.untrained_agent(flags)[0] if untrained else learner_lib.restored_agent(flags, run)[0]
+    except learner_lib.CheckpointMismatch as e:
+        raise SystemExit("lstm_state.py: %s" % e)
     if not hasattr(agent.initial_state(1), "cell"):
         raise SystemExit("lstm_state.py: %s's agent %s has no LSTM state; give the run of a recurrent agent "
                          "(ResNetLSTMAgent, MLPLSTMAgent, ...)" % (run, flags.agent_name))

@@ -27,7 +27,7 @@ FRAME_SIZED = ("SimpleConvNetAgent", "NatureConvNetAgent")  # built for the fram
 
 
 def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activation=None, lstm_forget_bias=1.0,
-               lstm_input_norm=False):
+               lstm_input_norm=True):
     """The agent called `agent_name` acting with `actions`: a number of discrete actions or a
     distribution of nets/distributions.py (DiagGaussian(d) for d-dimensional continuous actions);
     `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size (and

@@ -29,6 +29,6 @@ class MLPAgent(FeedForwardAgent):
 class MLPLSTMAgent(LSTMAgent):
 
     def __init__(self, actions, name="mlp_lstm_agent", hidden=HIDDEN_SIZES, activation="tanh", forget_bias=1.0,
-                 input_norm=False):
+                 input_norm=True):
         super().__init__(torso_maker(hidden, activation), actions, name=name, hidden_size=256,
                          forget_bias=forget_bias, input_norm=input_norm)

@@ -64,6 +64,6 @@ class ResNetAgent(FeedForwardAgent):
 
 class ResNetLSTMAgent(LSTMAgent):
 
-    def __init__(self, actions, name="resnet_lstm_agent", forget_bias=1.0, input_norm=False):
+    def __init__(self, actions, name="resnet_lstm_agent", forget_bias=1.0, input_norm=True):
         super().__init__(ResNetTorso, actions, name=name, hidden_size=256, forget_bias=forget_bias,
                          input_norm=input_norm)

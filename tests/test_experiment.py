@@ -250,6 +250,28 @@ def test_test_mode_steps_the_env_backend_the_run_trained_on(tmp_path):
         "env_backend python", "env_backend auto"], r.stdout
 
 
+def test_a_run_saved_before_the_lstm_layer_norm_was_on_by_default_rebuilds_without_it(tmp_path):
+    """--lstm_input_norm is on by default, but a run whose options.json predates the flag trained
+    its LSTM on raw features, so --mode=test and train_w_load rebuild it without the norm; a saved
+    value, or the command line, wins; with no options.json at all the default holds."""
+    code = ("import sys, experiment\n"
+            "experiment.FLAGS(['experiment.py', '--agent_name=MLPLSTMAgent'])\n"
+            "experiment.save_options(sys.argv[1])\n"
+            "saved = experiment.load_saved_options(sys.argv[1])[0]\n"
+            "older = {k: v for k, v in saved.items() if k != 'lstm_input_norm'}\n"
+            "for argv, opts in (([], saved), ([], dict(saved, lstm_input_norm=False)), ([], older),\n"
+            "                   (['--lstm_input_norm'], older), ([], {})):\n"
+            "    experiment.FLAGS.unparse_flags()\n"
+            "    experiment.FLAGS(['experiment.py', '--mode=test'] + argv)\n"
+            "    experiment.apply_saved_options(opts)\n"
+            "    print('lstm_input_norm', experiment.FLAGS.lstm_input_norm)\n")
+    r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[1] for line in r.stdout.splitlines() if line.startswith("lstm_input_norm")] == [
+        "True", "False", "False", "True", "True"], r.stdout
+
+
 @pytest.mark.parametrize("flags,warned", [
     (["--replay_parameters=" + UNIFORM_HALF], True),
     (["--replay_parameters=" + UNIFORM_HALF, "--clip_ratio_to=fresh_batch_start"], False),

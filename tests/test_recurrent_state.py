@@ -130,7 +130,8 @@ def test_lstm_state_tool_measures_a_cell_that_counts_steps(tmp_path):
             h = v.shape[0] // 4
             v.assign(tf.constant([20.0] * (3 * h) + [0.0] * h))
     tf.train.CheckpointManager(tf.train.Checkpoint(agent=agent), str(tmp_path / "checkpoints"), 1).save()
-    (tmp_path / "options.json").write_text(json.dumps({"level_name": "CartPole-v1", "agent_name": "MLPLSTMAgent"}))
+    (tmp_path / "options.json").write_text(json.dumps({"level_name": "CartPole-v1", "agent_name": "MLPLSTMAgent",
+                                                         "lstm_input_norm": True}))
     out = tmp_path / "state.json"
     subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path), "--games", "2",
                     "--steps", "1", "4", "8", "--out", str(out)], cwd=ROOT, check=True, timeout=120)
@@ -148,3 +149,9 @@ def test_lstm_state_tool_measures_a_cell_that_counts_steps(tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path / "nothing")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "does not exist" in bad.stderr
+    # an options.json from before the layer norm was the default: rebuilt without it, so refused in a line
+    (tmp_path / "options.json").write_text(json.dumps({"level_name": "CartPole-v1", "agent_name": "MLPLSTMAgent"}))
+    older = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "lstm_state.py"), str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert older.returncode != 0 and "Traceback" not in older.stderr, older.stderr
+    assert "holds agent/_input_norm" in older.stderr and "pass --lstm_input_norm" in older.stderr, older.stderr

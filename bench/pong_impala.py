@@ -105,6 +105,16 @@ def threshold_row(logdir, target, games_in_flight):
     return None
 
 
+def this_part(rows):
+    """(the rows this invocation wrote, the frame counter it resumed from: 0 for a fresh run). A
+    resumed run appends to its metrics.csv, and its time_s starts again at the resume."""
+    start = 0
+    for i in range(1, len(rows)):
+        if float(rows[i]["time_s"]) < float(rows[i - 1]["time_s"]):
+            start = i
+    return rows[start:], int(rows[start - 1]["frames"]) if start else 0
+
+
 def train(a, flags, logdir):
     """Runs the cluster until its budget, --stop_at_return or Ctrl-C. Returns (the learner's exit
     code, the threshold row or None, whether Ctrl-C stopped it)."""
@@ -140,8 +150,9 @@ def command_line(a):
 
 
 def table(a, rows, summary, limit, run):
-    """The Markdown report's lines; run holds median_fps, ratio, wall, hit, interrupted and agent."""
-    lags = sorted(float(r["policy_lag"]) for r in rows if r.get("policy_lag"))
+    """The Markdown report's lines; run holds median_fps, ratio, wall, hit, interrupted, agent and
+    resumed_at (this_part)."""
+    lags = sorted(float(r["policy_lag"]) for r in this_part(rows)[0] if r.get("policy_lag"))
     tb = summary["time_breakdown"]
     hit = run["hit"]
     share = lambda k: 100 * tb[k] / tb["elapsed_s"]  # noqa: E731
@@ -153,11 +164,14 @@ def table(a, rows, summary, limit, run):
         "%.0f / %.0f frames/s |" % (os.cpu_count(), os.cpu_count(), limit["python"], limit["native"]),
         "| end-to-end training, median | %.0f frames/s |" % run["median_fps"],
         "| ratio to the higher ceiling (same run) | **%.2f** |" % run["ratio"],
-        "| frames trained | %d in %.0f s (wall, with start-up %.0f s) |" % (
-            summary["frames"], summary["elapsed_s"], run["wall"]),
+        "| frames trained | %d%s in %.0f s (wall, with start-up %.0f s) |" % (
+            summary["frames"] - run["resumed_at"], " (the run's counter from %d to %d)" % (
+                run["resumed_at"], summary["frames"]) if run["resumed_at"] else "",
+            summary["elapsed_s"], run["wall"]),
         "| final mean return (last 20 games) | %.2f |" % summary["mean_return_20"]] + (
-        ["| time to mean return %g (training s / frames) | %s |" % (
-            a.stop_at_return, "%.0f s / %s" % (float(hit["time_s"]), hit["frames"]) if hit else
+        ["| time to mean return %g (training s%s / frames) | %s |" % (
+            a.stop_at_return, " since the resume" if run["resumed_at"] else "",
+            "%.0f s / %s" % (float(hit["time_s"]), hit["frames"]) if hit else
             "not reached in %d frames" % summary["frames"])] if a.stop_at_return is not None else []) + [
         "| learner: learning / publishing / waiting | %.0f%% / %.0f%% / %.0f%% |" % (
             share("learner_learn_s"), share("learner_publish_s"), share("learner_wait_s")),
@@ -175,7 +189,8 @@ def write_json(path, a, summary, limit, run):
     with open(path, "w") as f:
         json.dump({"seed": a.seed, "ceiling_fps": limit["limit"], "ceiling_python_fps": limit["python"],
                    "ceiling_native_fps": limit["native"], "median_fps": run["median_fps"],
-                   "ratio": run["ratio"], "frames": summary["frames"], "elapsed_s": summary["elapsed_s"],
+                   "ratio": run["ratio"], "frames": summary["frames"], "resumed_at_frames": run["resumed_at"],
+                   "elapsed_s": summary["elapsed_s"],
                    "final_mean_return_20": summary["mean_return_20"], "threshold": a.stop_at_return,
                    "reached": hit is not None,
                    "time_to_threshold_s": float(hit["time_s"]) if hit else None,
@@ -219,9 +234,10 @@ def main():
     if code != 0 or not rows or summary is None:
         print("training failed (exit %s):\n%s" % (code, "\n".join(log.splitlines()[-25:])))
         return 1
-    fps = sorted(float(r["fps"]) for r in rows[1:] or rows)
+    part, resumed_at = this_part(rows)
+    fps = sorted(float(r["fps"]) for r in part[1:] or part)
     run = {"median_fps": fps[len(fps) // 2], "wall": time.time() - t0, "hit": hit, "interrupted": interrupted,
-           "agent": last_flag(flags, "agent_name")}
+           "agent": last_flag(flags, "agent_name"), "resumed_at": resumed_at}
     run["ratio"] = run["median_fps"] / limit["limit"]
 
     # Every column of metrics.csv, so a run that stalls can be read afterwards (entropy, policy lag,

@@ -71,6 +71,11 @@ def test_pong_impala_does_not_stop_on_the_first_short_games_after_a_resume(tmp_p
     assert pong_impala.threshold_row(str(tmp_path), 18, 64)["frames"] == "1"
     assert pong_impala.threshold_row(str(tmp_path), 19.5, 64) is None
     assert pong_impala.threshold_row(str(tmp_path), 18.6, 64)["frames"] == "4"  # 19.0 at 60 < 40 + 64 games is not
+    # the report of the resumed invocation counts its own rows and frames, not the earlier part's
+    with open(tmp_path / "metrics.csv") as f:
+        part, resumed_at = pong_impala.this_part(list(csv.DictReader(f)))
+    assert [r["frames"] for r in part] == ["2", "3", "4"] and resumed_at == 1
+    assert pong_impala.this_part(part) == (part, 0)
 
 
 @pytest.mark.long

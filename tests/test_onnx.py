@@ -138,7 +138,8 @@ def test_experiment_exports_the_onnx_file_and_prints_its_own_lines_only(tmp_path
     agent, _, spec = agent_lib.build_agent("CartPole-v1", "MLPLSTMAgent", 20)
     run = tmp_path / "run"
     tf.train.CheckpointManager(tf.train.Checkpoint(agent=agent), str(run / "checkpoints"), 1).save()
-    json.dump({"level_name": "CartPole-v1", "agent_name": "MLPLSTMAgent"}, open(run / "options.json", "w"))
+    json.dump({"level_name": "CartPole-v1", "agent_name": "MLPLSTMAgent", "lstm_input_norm": True},
+              open(run / "options.json", "w"))
     for flag, written in (("--export_onnx", True), ("--noexport_onnx", False)):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "experiment.py"), "--mode=export", flag,
                             "--load_model_url=%s" % run], capture_output=True, text=True, timeout=120, env=ENV,

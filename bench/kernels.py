@@ -4,13 +4,16 @@
   .venv/bin/python bench/kernels.py compute_dtype --rounds 3
   .venv/bin/python bench/kernels.py net --workloads atari --rounds 3 --compute_dtype=float32
   .venv/bin/python bench/kernels.py optimizer --workloads pong42 --rounds 3
+  .venv/bin/python bench/kernels.py passes --workloads pong42 atari --rounds 2
 
 Levers: `onednn` (TensorFlow's oneDNN CPU kernels, TF_ENABLE_ONEDNN_OPTS=0/1, which
 TensorFlow reads once at import), `compute_dtype` (--compute_dtype=float32/bfloat16, the
 agent's torso), `xla` (the update and the actor step compiled by XLA, tf.function's
 jit_compile=True, against TensorFlow's graph executor: tried, not kept) and `optimizer`
 (Sonnet's Adam against the learner's fused one, impala/optimizers.py; the actor step does not
-use it, so its ratio there is noise). Each setting runs in
+use it, so its ratio there is noise) and `passes` (the recipes' 16 gradient steps per batch as 4
+passes x 4 minibatches against 1 pass x 16 smaller ones; the actor step does not use them either).
+Each setting runs in
 its own process; the settings alternate for --rounds rounds and the table gives, per workload, the median time of each and the ratio of the
 first setting's time to the second's measured in this invocation (> 1: the second is faster).
 The learner update runs with TensorFlow's default threads (all cores), as the learner does;
@@ -56,6 +59,9 @@ LEVERS = {
     "net": [("shallow", {}, ["--agent_name=SimpleConvNetAgent"]), ("Nature", {}, ["--agent_name=NatureConvNetAgent"])],
     # --optimizer=adam's update: Sonnet's own ops against impala/optimizers.py's fused kernel (the learner's)
     "optimizer": [("Sonnet Adam", {"BENCH_SONNET_ADAM": "1"}, []), ("fused Adam", {}, [])],
+    # the recipes' 16 gradient steps per batch: 4 passes over 4 minibatches against 1 pass over 16
+    "passes": [("4 x 4", {}, ["--num_sgd_iter=4", "--num_minibatches=4"]),
+               ("1 x 16", {}, ["--num_sgd_iter=1", "--num_minibatches=16"])],
 }
 PARTS = {"update_s": "learner update", "step_s": "actor step"}
 

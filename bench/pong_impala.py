@@ -192,7 +192,7 @@ def write_json(path, a, summary, limit, run):
                    "ratio": run["ratio"], "frames": summary["frames"], "resumed_at_frames": run["resumed_at"],
                    "elapsed_s": summary["elapsed_s"],
                    "final_mean_return_20": summary["mean_return_20"], "threshold": a.stop_at_return,
-                   "reached": hit is not None,
+                   "reached": hit is not None, "interrupted": run["interrupted"],
                    "time_to_threshold_s": float(hit["time_s"]) if hit else None,
                    "frames_to_threshold": int(hit["frames"]) if hit else None,
                    "bottleneck": summary["time_breakdown"]["bottleneck"]}, f, indent=2)

@@ -78,6 +78,28 @@ def test_pong_impala_does_not_stop_on_the_first_short_games_after_a_resume(tmp_p
     assert pong_impala.this_part(part) == (part, 0)
 
 
+def test_passes_score_counts_a_seed_short_of_the_target_as_slowest_and_compares_medians():
+    """bench/passes_score.py's table: per variant the median time to +18 over its seeds, a seed that
+    never reached it slower than any that did, and the ratios to the recipe's 4 x 4."""
+    import argparse
+    sys.path.insert(0, ROOT)
+    from bench import passes_score
+
+    def run(t, fps, reached=True):
+        return {"reached": reached, "time_to_threshold_s": t if reached else None, "median_fps": fps,
+                "frames_to_threshold": t * fps if reached else None, "frames": 5e6, "ceiling_fps": 2e4,
+                "bottleneck": "learner"}
+    runs = {("4x4", 1): run(300, 5000), ("4x4", 2): run(400, 5000), ("4x4", 3): run(500, 5000),
+            ("1x16", 1): run(150, 9000), ("1x16", 2): run(0, 9000, reached=False), ("1x16", 3): run(200, 9000)}
+    lines = passes_score.table(argparse.Namespace(recipe="atari", seeds=[1, 2, 3], frames=5000000), runs)
+    assert "| 4x4 | 3 of 3 | 400 s | 2.00M | 5000 | 1.00 | 1.00 |" in lines
+    assert "| 1x16 | 2 of 3 | 200 s | 1.80M | 9000 | 0.50 | 1.80 |" in lines  # the short seed is the slowest
+    assert "| 1x16 | 2 | not reached | (5.00M run) | 9000 | 20000 | learner |" in lines
+    two = {k: v for k, v in runs.items() if k[1] != 3}  # 2 seeds: the median of a short seed and 150 s
+    assert any(ln.startswith("| 1x16 | 1 of 2 | not reached |") for ln in passes_score.table(
+        argparse.Namespace(recipe="atari", seeds=[1, 2], frames=5000000), two))
+
+
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_pong_impala_keeps_its_run_dir_and_a_stopped_run_goes_on_from_it(tmp_path):

@@ -230,46 +230,42 @@ def test_reward_clipping_auto_clips_atari_games_only_and_a_given_value_wins():
             in got[2])
 
 
+def _restored_values(tmp_path, flag, argv, cases):
+    """In a fresh process: saves options.json as a run started with `argv` would, then applies each of
+    `cases` under --mode=test (a Python expression of (command line, options) pairs, in which `saved`
+    is what was saved and without(k) the same less key k); the value of --flag after each."""
+    code = ("import sys, experiment\n"
+            "experiment.FLAGS(['experiment.py'] + %r)\n"
+            "experiment.save_options(sys.argv[1])\n"
+            "saved = experiment.load_saved_options(sys.argv[1])[0]\n"
+            "without = lambda key: {k: v for k, v in saved.items() if k != key}\n"
+            "for argv, opts in %s:\n"
+            "    experiment.FLAGS.unparse_flags()\n"
+            "    experiment.FLAGS(['experiment.py', '--mode=test'] + argv)\n"
+            "    experiment.apply_saved_options(opts)\n"
+            "    print('value', getattr(experiment.FLAGS, %r))\n") % (argv, cases, flag)
+    r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stderr
+    return [line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith("value ")]
+
+
 def test_test_mode_steps_the_env_backend_the_run_trained_on(tmp_path):
     """--env_backend changes what the policy sees (the native and the Python backends reset and stack
     frames differently, envs/batch.py), so a run saves it in options.json and --mode=test and
     train_w_load restore it; an options.json written before it was saved keeps the default."""
-    code = ("import sys, experiment\n"
-            "experiment.FLAGS(['experiment.py', '--level_name=PongNoFrameskip-v4', '--env_backend=python'])\n"
-            "experiment.save_options(sys.argv[1])\n"
-            "saved = experiment.load_saved_options(sys.argv[1])[0]\n"
-            "for opts in (saved, {k: v for k, v in saved.items() if k != 'env_backend'}):\n"
-            "    experiment.FLAGS.unparse_flags()\n"
-            "    experiment.FLAGS(['experiment.py', '--mode=test'])\n"
-            "    experiment.apply_saved_options(opts)\n"
-            "    print('env_backend', experiment.FLAGS.env_backend)\n")
-    r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
-    assert r.returncode == 0, r.stderr
-    assert [line for line in r.stdout.splitlines() if line.startswith("env_backend")] == [
-        "env_backend python", "env_backend auto"], r.stdout
+    assert _restored_values(tmp_path, "env_backend", ["--level_name=PongNoFrameskip-v4", "--env_backend=python"],
+                            "(([], saved), ([], without('env_backend')))") == ["python", "auto"]
 
 
 def test_a_run_saved_before_the_lstm_layer_norm_was_on_by_default_rebuilds_without_it(tmp_path):
     """--lstm_input_norm is on by default, but a run whose options.json predates the flag trained
     its LSTM on raw features, so --mode=test and train_w_load rebuild it without the norm; a saved
     value, or the command line, wins; with no options.json at all the default holds."""
-    code = ("import sys, experiment\n"
-            "experiment.FLAGS(['experiment.py', '--agent_name=MLPLSTMAgent'])\n"
-            "experiment.save_options(sys.argv[1])\n"
-            "saved = experiment.load_saved_options(sys.argv[1])[0]\n"
-            "older = {k: v for k, v in saved.items() if k != 'lstm_input_norm'}\n"
-            "for argv, opts in (([], saved), ([], dict(saved, lstm_input_norm=False)), ([], older),\n"
-            "                   (['--lstm_input_norm'], older), ([], {})):\n"
-            "    experiment.FLAGS.unparse_flags()\n"
-            "    experiment.FLAGS(['experiment.py', '--mode=test'] + argv)\n"
-            "    experiment.apply_saved_options(opts)\n"
-            "    print('lstm_input_norm', experiment.FLAGS.lstm_input_norm)\n")
-    r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
-    assert r.returncode == 0, r.stderr
-    assert [line.split()[1] for line in r.stdout.splitlines() if line.startswith("lstm_input_norm")] == [
-        "True", "False", "False", "True", "True"], r.stdout
+    assert _restored_values(tmp_path, "lstm_input_norm", ["--agent_name=MLPLSTMAgent"],
+                            "(([], saved), ([], dict(saved, lstm_input_norm=False)), ([], without('lstm_input_norm')),"
+                            " (['--lstm_input_norm'], without('lstm_input_norm')), ([], {}))") == [
+        "True", "False", "False", "True", "True"]
 
 
 @pytest.mark.parametrize("flags,warned", [

@@ -29,6 +29,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+import nets
 from impala import placement
 from tools.digits import is_digits, odd_char, strict_number_flags
 from tools.files import write_json
@@ -103,8 +104,8 @@ flags.DEFINE_float("lstm_forget_bias", 1.0, "Recurrent agents (ResNetLSTMAgent, 
 flags.register_validator("lstm_forget_bias", lambda b: -10.0 <= b <= 10.0,
                          "--lstm_forget_bias: give a number from -10 to 10 (past that the gate's sigmoid is flat "
                          "at 0 or 1), e.g. 1 or 0")
-flags.DEFINE_bool("lstm_input_norm", True, "Recurrent agents: layer-normalise the torso's features before the "
-                  "LSTM reads them, so that features growing in training cannot turn its gates into switches (as "
+flags.DEFINE_bool("lstm_input_norm", nets.LSTM_INPUT_NORM, "Recurrent agents: layer-normalise the torso's "
+                  "features before the LSTM reads them, so that features growing in training cannot turn its gates into switches (as "
                   "they did for ResNetLSTMAgent on Pong with --nolstm_input_norm: bench/results/2core-amd-epyc/"
                   "pong_resnet_lstm_gates.md, bench/results/2core-amd-epyc/pong_resnet_lstm.md). A run whose "
                   "options.json does not name this flag was trained without the norm and is rebuilt without it.")
@@ -501,7 +502,6 @@ def set_onednn():
 def validate_run():
     """Checks that need imports (env ids, agent names) before anything starts."""
     import envs
-    import nets
     try:  # before the id is looked up: the modules register their ids
         envs.import_env_modules(FLAGS.env_module)
     except ImportError as e:

@@ -84,14 +84,11 @@ def restored(run, untrained=False):
     from impala import evaluator
     from impala import learner as learner_lib
     experiment.FLAGS(["lstm_state.py", "--mode=test", "--load_model_url=" + run])
-    try:
-        experiment.apply_run_options(run)
-    except experiment.UsageError as e:
-        raise SystemExit("lstm_state.py: %s" % e)
     flags = experiment.FLAGS
     try:
+        experiment.apply_run_options(run)
         agent = learner_lib.untrained_agent(flags)[0] if untrained else learner_lib.restored_agent(flags, run)[0]
-    except learner_lib.CheckpointMismatch as e:
+    except (experiment.UsageError, learner_lib.CheckpointMismatch) as e:
         raise SystemExit("lstm_state.py: %s" % e)
     if not hasattr(agent.initial_state(1), "cell"):
         raise SystemExit("lstm_state.py: %s's agent %s has no LSTM state; give the run of a recurrent agent "

@@ -25,11 +25,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from bench import common  # noqa: E402
-from bench.run import machine_dir, machine_line, write_machine  # noqa: E402
+from bench.kernels import LEVERS  # noqa: E402
+from bench.run import PONG_SHAPE, machine_dir, machine_line, write_machine  # noqa: E402
 from local_cluster import obey_ctrl_c  # noqa: E402
 
 RECIPES = {"pong": "configs/pong.flags", "atari": "configs/atari.flags"}
-VARIANTS = {"4x4": [], "1x16": ["--num_sgd_iter=1", "--num_minibatches=16"]}  # 4 x 4: the recipes' own
+VARIANTS = {"4x4": [], "1x16": LEVERS["passes"][1][2]}  # 4 x 4: the recipes' own; 1 x 16 as kernels.py times it
 
 
 def tag_of(recipe, variant, seed):
@@ -40,8 +41,7 @@ def run_one(a, out, variant, seed):
     """One pong_impala run, its report (tag_of's .md, .json, .csv, .png) written in `out`."""
     tag = tag_of(a.recipe, variant, seed)
     cmd = [sys.executable, os.path.join(HERE, "pong_impala.py"), "--frames", str(a.frames), "--seed", str(seed),
-           "--stop_at_return", "18", "--actors", "2", "--envs_per_actor", "32", "--batch_size", "32",
-           "--unroll_length", "32", "--ceiling_s", str(a.ceiling_s), "--base_port", str(a.base_port),
+           "--stop_at_return", "18"] + PONG_SHAPE + ["--ceiling_s", str(a.ceiling_s), "--base_port", str(a.base_port),
            "--out", out, "--tag", tag, "--extra=--flagfile=" + os.path.join(ROOT, RECIPES[a.recipe])]
     cmd += ["--extra=" + f for f in VARIANTS[variant]]
     print("[passes_score] %s seed %d: %s" % (variant, seed, " ".join(cmd[1:])), flush=True)

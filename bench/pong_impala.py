@@ -149,10 +149,10 @@ def command_line(a):
                 "".join(" --extra=" + e for e in a.extra)))
 
 
-def table(a, rows, summary, limit, run):
-    """The Markdown report's lines; run holds median_fps, ratio, wall, hit, interrupted, agent and
-    resumed_at (this_part)."""
-    lags = sorted(float(r["policy_lag"]) for r in this_part(rows)[0] if r.get("policy_lag"))
+def table(a, part, summary, limit, run):
+    """The Markdown report's lines for `part`, the rows this invocation wrote (this_part); run holds
+    median_fps, ratio, wall, hit, interrupted, agent and resumed_at."""
+    lags = sorted(float(r["policy_lag"]) for r in part if r.get("policy_lag"))
     tb = summary["time_breakdown"]
     hit = run["hit"]
     share = lambda k: 100 * tb[k] / tb["elapsed_s"]  # noqa: E731
@@ -247,7 +247,7 @@ def main():
         w = csv.DictWriter(f, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = table(a, rows, summary, limit, run)
+    lines = table(a, part, summary, limit, run)
     common.write_lines(base + ".md", lines)
     write_json(base + ".json", a, summary, limit, run)
     plot(base + ".png", a.level, rows, limit["limit"])

@@ -480,8 +480,8 @@ def suite_scaling(a, out):
 # The settings of the Pong run that learns (bench/results/2core-amd-epyc/pong_net42_const.md):
 # 42x42 frames with the fitted first conv, APPO (4 passes x 4 minibatches, ratio clipped against
 # the batch-start policy), constant Adam 5e-4, entropy 0.01.
-PONG_LEARNS = ["--actors", "2", "--envs_per_actor", "32", "--batch_size", "32", "--unroll_length", "32",
-               "--extra=--flagfile=" + os.path.join(ROOT, "configs", "pong.flags")]  # the Pong recipe
+PONG_SHAPE = ["--actors", "2", "--envs_per_actor", "32", "--batch_size", "32", "--unroll_length", "32"]
+PONG_LEARNS = PONG_SHAPE + ["--extra=--flagfile=" + os.path.join(ROOT, "configs", "pong.flags")]  # the Pong recipe
 
 
 def suite_pong_long(a, out):

@@ -31,7 +31,7 @@ def build_agent(level_name, agent_name, unroll_length, frame_size=envs.FRAME_SIZ
     policy = distributions.make(spec.num_actions, None if spec.discrete else spec.action_dim,
                                 net.get("initial_log_std", 0.0), net.get("min_log_std", distributions.LOG_STD_MIN))
     agent = nets.make_agent(agent_name, policy, spec.obs_shape, net.get("mlp_hidden"), net.get("mlp_activation"),
-                            net.get("lstm_forget_bias", 1.0), net.get("lstm_input_norm", True))
+                            net.get("lstm_forget_bias", 1.0), net.get("lstm_input_norm", nets.LSTM_INPUT_NORM))
     if normalize_observations:
         agent.obs_normaliser = nets.RunningNormaliser(spec.obs_shape, "obs_normaliser")
     if normalize_returns:
@@ -58,7 +58,7 @@ def net_options(flags):
             "initial_log_std": getattr(flags, "initial_log_std", 0.0),
             "min_log_std": getattr(flags, "min_log_std", distributions.LOG_STD_MIN),
             "lstm_forget_bias": getattr(flags, "lstm_forget_bias", 1.0),
-            "lstm_input_norm": getattr(flags, "lstm_input_norm", True)}
+            "lstm_input_norm": getattr(flags, "lstm_input_norm", nets.LSTM_INPUT_NORM)}
 
 
 def build_from_flags(flags, newest_frames=None):

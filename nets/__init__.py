@@ -14,6 +14,9 @@ import importlib
 AGENT_NAMES = ("SimpleConvNetAgent", "NatureConvNetAgent", "ResNetAgent", "ResNetLSTMAgent", "MLPAgent",
                "MLPLSTMAgent")
 RECURRENT = ("ResNetLSTMAgent", "MLPLSTMAgent")  # a test keeps both equal to nets/agents.py's classes
+# Whether a recurrent agent layer-normalises what its LSTM reads when not told (--lstm_input_norm):
+# without the norm ResNetLSTMAgent's gates became switches on Pong.
+LSTM_INPUT_NORM = True
 
 
 def is_recurrent(agent_name):
@@ -33,6 +36,6 @@ def __getattr__(name):
         raise AttributeError("module 'nets' has no attribute %r" % name) from None
 
 
-__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "is_recurrent", "make_agent", "RunningNormaliser",
-           "normalisers", "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
+__all__ = ["AGENT_NAMES", "AgentOutput", "freeze_casts", "is_recurrent", "LSTM_INPUT_NORM", "make_agent",
+           "RunningNormaliser", "normalisers", "orthogonal_init", "preprocess_observation", "published_variables", "SimpleConvNetAgent",
            "NatureConvNetAgent", "ResNetAgent", "ResNetLSTMAgent", "MLPAgent", "MLPLSTMAgent"]

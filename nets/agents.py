@@ -8,7 +8,7 @@ importing TensorFlow).
 
 Variables are created on the first call (Sonnet 2 builds lazily).
 """
-from nets import distributions
+from nets import LSTM_INPUT_NORM, distributions
 from nets.base import (AgentOutput, LSTMAgent, RunningNormaliser, freeze_casts, normalisers, orthogonal_init,
                        preprocess_observation, published_variables)
 from nets.conv import NatureConvNetAgent, SimpleConvNetAgent
@@ -27,7 +27,7 @@ FRAME_SIZED = ("SimpleConvNetAgent", "NatureConvNetAgent")  # built for the fram
 
 
 def make_agent(agent_name, actions, obs_shape=None, mlp_hidden=None, mlp_activation=None, lstm_forget_bias=1.0,
-               lstm_input_norm=True):
+               lstm_input_norm=LSTM_INPUT_NORM):
     """The agent called `agent_name` acting with `actions`: a number of discrete actions or a
     distribution of nets/distributions.py (DiagGaussian(d) for d-dimensional continuous actions);
     `obs_shape` ([H, W, C] frames) lets SimpleConvNetAgent fit its first conv to the frame size (and

@@ -20,7 +20,7 @@ import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
-from nets import distributions
+from nets import LSTM_INPUT_NORM, distributions
 
 
 class AgentOutput(NamedTuple):
@@ -338,7 +338,7 @@ class LSTMAgent(AgentBase):
     layer-normalises the torso's features before the LSTM reads them (--lstm_input_norm), so their
     growth in training cannot push its gates' inputs to where sigmoid and tanh are flat."""
 
-    def __init__(self, make_torso, actions, name, hidden_size=256, forget_bias=1.0, input_norm=True):
+    def __init__(self, make_torso, actions, name, hidden_size=256, forget_bias=1.0, input_norm=LSTM_INPUT_NORM):
         super().__init__(name=name)
         self._torso = make_torso()
         self._input_norm = snt.LayerNorm(-1, create_scale=True, create_offset=True,

@@ -5,6 +5,7 @@ and CleanRL's PPO), or one shared torso and an LSTM of 256 (MLPLSTMAgent). `hidd
 rl-baselines3-zoo's MuJoCo recipes use 256-256 ReLU."""
 import sonnet as snt
 
+from nets import LSTM_INPUT_NORM
 from nets.base import FeedForwardAgent, LSTMAgent
 from nets.gaussian import ACTIVATIONS
 
@@ -29,6 +30,6 @@ class MLPAgent(FeedForwardAgent):
 class MLPLSTMAgent(LSTMAgent):
 
     def __init__(self, actions, name="mlp_lstm_agent", hidden=HIDDEN_SIZES, activation="tanh", forget_bias=1.0,
-                 input_norm=True):
+                 input_norm=LSTM_INPUT_NORM):
         super().__init__(torso_maker(hidden, activation), actions, name=name, hidden_size=256,
                          forget_bias=forget_bias, input_norm=input_norm)

@@ -7,6 +7,7 @@ Then ReLU, fully connected 256, ReLU, and optionally an LSTM of 256.
 import sonnet as snt
 import tensorflow as tf
 
+from nets import LSTM_INPUT_NORM
 from nets.base import FeedForwardAgent, LSTMAgent
 
 SECTION_CHANNELS = (16, 32, 32)
@@ -64,6 +65,6 @@ class ResNetAgent(FeedForwardAgent):
 
 class ResNetLSTMAgent(LSTMAgent):
 
-    def __init__(self, actions, name="resnet_lstm_agent", forget_bias=1.0, input_norm=True):
+    def __init__(self, actions, name="resnet_lstm_agent", forget_bias=1.0, input_norm=LSTM_INPUT_NORM):
         super().__init__(ResNetTorso, actions, name=name, hidden_size=256, forget_bias=forget_bias,
                          input_norm=input_norm)

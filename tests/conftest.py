@@ -18,6 +18,8 @@ import os
 import pytest
 from hypothesis import settings
 
+from hang_watchdog import pytest_runtest_protocol  # noqa: F401  (a hook: a test stuck in C code ends)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

@@ -208,13 +208,15 @@ def free_ports(n):
     return [sshd_fixture.free_port() for _ in range(n)]
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, show=None):
+    """Polls predicate until it holds; on timeout the error names `what` and adds show()'s text
+    (the logs that say why)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + ("\n" + show() if show else ""))
 
 
 def assert_nothing_left(run):

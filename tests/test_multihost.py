@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 
+import psutil
 import pytest
 
 import netns_fixture
@@ -63,6 +64,10 @@ class Cluster:
         path = os.path.join(self.logdir, "logs", name)
         return open(path).read() if os.path.exists(path) else ""
 
+    def tails(self, *names, chars=4000):
+        """The ends of the named logs, for a failure's message."""
+        return "\n".join(f"--- {name} (last {chars} characters)\n{self.log(name)[-chars:]}" for name in names)
+
     def worker_pid(self, host, needle):
         """pid (in host's PID namespace) of the python worker whose command line has needle."""
         for line in host.ssh("ps -e -o pid=,args=", check=True).stdout.splitlines():
@@ -81,8 +86,26 @@ class Cluster:
             assert h.processes() == [], h.name  # no worker, orted or tmux server left on any host
             assert h.ssh(f"tmux -L {self.socket} ls").returncode != 0, h.name
 
+    def kill_local(self, grace_s=5):
+        """Ends this machine's processes of the run (mpirun, its ssh to the hosts), which a failed
+        test can leave waiting on a host the rig is about to remove."""
+        mine = [p for p in psutil.process_iter(["cmdline"]) if self.dir in " ".join(p.info["cmdline"] or [])
+                and p.pid != os.getpid()]
+        for p in mine:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(mine, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
     def cleanup(self):
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        self.kill_local()
         sock = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", self.socket)
         if os.path.exists(sock):
             os.unlink(sock)
@@ -372,7 +395,10 @@ def test_a_firewall_is_reported_and_a_healed_30_s_partition_is_outlived(cluster3
     time.sleep(20)
     h1.netns_run("iptables", "-w", "-D", *rule)
     t0 = time.time()
-    wait_for(lambda: c.log("learner_0.log").count("actor 0 is sending again") == 2, 90, "actor 0 to send again")
+    # 22-24 s measured with the cores kept busy; once, in CI beside the other test worker, over 90 s
+    # (a failure's message carries both logs' ends).
+    wait_for(lambda: c.log("learner_0.log").count("actor 0 is sending again") == 2, 180, "actor 0 to send again",
+             show=lambda: c.tails("actor_0.log", "learner_0.log"))
     print(f"actor 0 delivered again {time.time() - t0:.1f} s after a 30 s partition healed")
     rc, out, err = c.frontend("--action=status", fake=False)
     assert rc == 0 and "2/2 actors alive" in out, out + err

@@ -177,12 +177,7 @@ class Run:
             os.unlink(socket_file)
         if self.sshd is not None:
             self.sshd.tmux("-L", self.socket, "kill-server")
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                if self.logdir in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-                    p.kill()
-            except psutil.Error:
-                pass
+        kill_naming(self.logdir)
 
 
 @pytest.fixture
@@ -206,6 +201,17 @@ def sshd(tmp_path):
 
 def free_ports(n):
     return [sshd_fixture.free_port() for _ in range(n)]
+
+
+def kill_naming(path):
+    """Kills this machine's processes whose command line names `path` (a run's folder): what a
+    failed test left running, such as mpirun and its ssh to a host."""
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if path in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                p.kill()
+        except psutil.Error:
+            pass
 
 
 def wait_for(predicate, timeout, what, show=None):

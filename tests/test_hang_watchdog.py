@@ -24,18 +24,15 @@ def test_after_it():
 '''
 
 
-def _run(tmp_path, *plugin):
+def test_a_test_stuck_in_c_is_ended_with_its_stack_and_the_suite_goes_on(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_stuck.py").write_text(STUCK)
     env = dict(os.environ, PYTHONPATH=HERE, HANG_WATCHDOG_GRACE_S="2")
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-n", "1", "--timeout", "1", "-p", "no:cacheprovider",
-                        "test_stuck.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    return r, time.time() - t0
-
-
-def test_a_test_stuck_in_c_is_ended_with_its_stack_and_the_suite_goes_on(tmp_path):
-    r, took = _run(tmp_path, "-p", "hang_watchdog")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "hang_watchdog", "-n", "1", "--timeout", "1",
+                        "-p", "no:cacheprovider", "test_stuck.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    took = time.time() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 1 and took < 60, (took, out[-3000:])
     assert "Timeout (0:00:03)!" in out and "in test_stuck_in_c_holding_the_gil" in out, out[-3000:]

@@ -14,11 +14,10 @@ import sys
 import time
 import uuid
 
-import psutil
 import pytest
 
 import netns_fixture
-from test_frontend import FAKE_EXPERIMENT, wait_for
+from test_frontend import FAKE_EXPERIMENT, kill_naming, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRONTEND = os.path.join(ROOT, "run_experiment_mm_raw.py")
@@ -86,26 +85,9 @@ class Cluster:
             assert h.processes() == [], h.name  # no worker, orted or tmux server left on any host
             assert h.ssh(f"tmux -L {self.socket} ls").returncode != 0, h.name
 
-    def kill_local(self, grace_s=5):
-        """Ends this machine's processes of the run (mpirun, its ssh to the hosts), which a failed
-        test can leave waiting on a host the rig is about to remove."""
-        mine = [p for p in psutil.process_iter(["cmdline"]) if self.dir in " ".join(p.info["cmdline"] or [])
-                and p.pid != os.getpid()]
-        for p in mine:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(mine, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-
     def cleanup(self):
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
-        self.kill_local()
+        kill_naming(self.dir)  # mpirun and its ssh, left waiting on a host the rig is about to remove
         sock = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", self.socket)
         if os.path.exists(sock):
             os.unlink(sock)
